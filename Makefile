@@ -1,0 +1,109 @@
+# ricochet: a Lua-scriptable retry gateway. `make help` lists the targets.
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+BUILD ?= build
+CC ?= cc
+SAN ?=
+
+PKGS := luajit libevent openssl
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CFLAGS ?= -O2 -g
+ifeq ($(SAN),1)
+CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -Icore -I$(BUILD) $(PKG_CFLAGS)
+LIBS = $(PKG_LIBS) -lm
+
+CORE_SRC := $(filter-out core/main.c,$(wildcard core/*.c))
+CORE_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/default_conf.o
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+
+.PHONY: all run test asan fuzz bench install clean help deps deps-test
+.DEFAULT_GOAL := all
+
+all: deps $(BUILD)/ricochet
+
+help:
+	@echo "make            build $(BUILD)/ricochet (installs missing Debian packages as root)"
+	@echo "make run        build and run the gateway on conf/ricochet.conf (127.0.0.1:8080)"
+	@echo "make test       build and run every test suite; ends with 'N passed, N failed'"
+	@echo "make asan       the whole suite under AddressSanitizer and UBSan"
+	@echo "make fuzz       run the libFuzzer targets for FUZZ_SECONDS (default 60) each"
+	@echo "make bench      wrk against ricochet, nginx and HAProxy (contrib/bench)"
+	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
+	@echo "make clean      remove build outputs"
+
+deps:
+	@sh contrib/deps.sh build
+
+deps-test:
+	@sh contrib/deps.sh test
+
+$(BUILD)/obj/%.o: core/%.c core/*.h | $(BUILD)/obj
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/default_conf.c: conf/ricochet.conf contrib/embed_conf.sh | $(BUILD)/obj
+	sh contrib/embed_conf.sh $< > $@
+
+$(BUILD)/obj/default_conf.o: $(BUILD)/default_conf.c core/conf.h
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/ricochet: $(BUILD)/obj/main.o $(CORE_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(BUILD)/test_%: tests/unit/test_%.c tests/unit/unit.h $(CORE_OBJ)
+	$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -o $@ $< $(filter-out $(BUILD)/obj/$*.o,$(CORE_OBJ)) $(LDFLAGS) $(LIBS)
+
+# Replays the fuzz corpora through the fuzz targets without libFuzzer, so
+# the plain test suite runs them too.
+$(BUILD)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_OBJ)
+	$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -o $@ $< tests/fuzz/replay.c $(filter-out $(BUILD)/obj/$*.o,$(CORE_OBJ)) $(LDFLAGS) $(LIBS)
+
+$(BUILD)/obj:
+	mkdir -p $@
+
+run: deps $(BUILD)/ricochet
+	$(BUILD)/ricochet -p $(CURDIR) -c conf/ricochet.conf
+
+test: deps-test $(BUILD)/ricochet $(UNIT_BIN) $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/replay_%,$(FUZZ_SRC))
+	@BUILD=$(BUILD) sh tests/run
+
+asan:
+	$(MAKE) BUILD=build/asan SAN=1 test
+
+FUZZ_SECONDS ?= 60
+fuzz:
+	@sh contrib/deps.sh fuzz
+	@mkdir -p $(BUILD)/fuzz
+	@set -e; for f in $(FUZZ_SRC); do \
+	    name=$$(basename $$f .c); \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Icore \
+	        $(PKG_CFLAGS) -o $(BUILD)/fuzz/$$name $$f $(CORE_SRC) $(BUILD)/default_conf.c $(PKG_LIBS) -lm; \
+	    corpus=tests/fuzz/corpus/$${name#fuzz_}; work=$(BUILD)/fuzz/$$name.corpus; \
+	    rm -rf $$work; mkdir -p $$work; \
+	    echo "fuzzing $$name for $(FUZZ_SECONDS)s"; \
+	    $(BUILD)/fuzz/$$name -max_total_time=$(FUZZ_SECONDS) -dict=tests/fuzz/http.dict \
+	        -artifact_prefix=$(BUILD)/fuzz/ $$work $$corpus; \
+	done
+
+bench: $(BUILD)/ricochet
+	@sh contrib/deps.sh bench
+	sh contrib/bench/run.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/etc/ricochet
+	install -m 755 $(BUILD)/ricochet $(DESTDIR)$(PREFIX)/sbin/ricochet
+	install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf.default
+	test -e $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf || \
+	    install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf
+	install -m 644 conf/REFERENCE.md $(DESTDIR)$(PREFIX)/etc/ricochet/REFERENCE.md
+
+clean:
+	rm -rf build

@@ -1,0 +1,767 @@
+/* conf_directives.c: the directive table, its handlers, defaults and inheritance. */
+#include "conf_parse.h"
+
+#include <arpa/inet.h>
+#include <glob.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SETTINGS(field) offsetof(ric_http_settings_t, field)
+#define MAIN(field) offsetof(ric_conf_t, field)
+#define UPS(field) offsetof(ric_upstream_conf_t, field)
+#define SETTINGS_CTX (RIC_CONF_HTTP | RIC_CONF_SRV | RIC_CONF_LOC)
+
+static int64_t *
+field_at(void *conf, const ric_conf_cmd_t *cmd)
+{
+    return (int64_t *) ((char *) conf + cmd->offset);
+}
+
+static const char *
+check_unset(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    if (*field_at(conf, cmd) != RIC_CONF_UNSET) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    return NULL;
+}
+
+static const char *
+bad_value(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, const char *what)
+{
+    return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\" directive, %s", cf->args[1],
+                           cmd->name, what);
+}
+
+static const char *
+set_msec(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    int64_t v;
+    const char *dup = check_unset(cf, cmd, conf);
+
+    if (dup) {
+        return dup;
+    }
+    if (ric_conf_parse_time(cf->args[1], &v) != RIC_OK) {
+        return bad_value(cf, cmd, "expected a time like 500ms, 30s, 1m30s, 2h");
+    }
+    *field_at(conf, cmd) = v;
+    return NULL;
+}
+
+static const char *
+set_size(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    int64_t v;
+    const char *dup = check_unset(cf, cmd, conf);
+
+    if (dup) {
+        return dup;
+    }
+    if (ric_conf_parse_size(cf->args[1], &v) != RIC_OK) {
+        return bad_value(cf, cmd, "expected a size like 512, 64k, 1m, 1g");
+    }
+    *field_at(conf, cmd) = v;
+    return NULL;
+}
+
+static const char *
+set_num(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    int64_t v;
+    const char *dup = check_unset(cf, cmd, conf);
+
+    if (dup) {
+        return dup;
+    }
+    if (ric_conf_parse_number(cf->args[1], &v) != RIC_OK) {
+        return bad_value(cf, cmd, "expected a non-negative integer");
+    }
+    *field_at(conf, cmd) = v;
+    return NULL;
+}
+
+static const char *
+set_flag(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = check_unset(cf, cmd, conf);
+
+    if (dup) {
+        return dup;
+    }
+    if (strcmp(cf->args[1], "on") == 0) {
+        *field_at(conf, cmd) = 1;
+    } else if (strcmp(cf->args[1], "off") == 0) {
+        *field_at(conf, cmd) = 0;
+    } else {
+        return bad_value(cf, cmd, "it must be \"on\" or \"off\"");
+    }
+    return NULL;
+}
+
+static const char *
+set_worker_processes(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_conf_t *c = conf;
+    long n;
+
+    if (c->worker_processes != RIC_CONF_UNSET) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    if (strcmp(cf->args[1], "auto") == 0) {
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+        c->worker_processes = n > 0 ? n : 1;
+        return NULL;
+    }
+    if (ric_conf_parse_number(cf->args[1], &c->worker_processes) != RIC_OK
+        || c->worker_processes < 1 || c->worker_processes > 1024) {
+        c->worker_processes = RIC_CONF_UNSET;
+        return bad_value(cf, cmd, "expected \"auto\" or a number from 1 to 1024");
+    }
+    return NULL;
+}
+
+static const char *
+set_pid(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_conf_t *c = conf;
+
+    if (c->pid_path != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    c->pid_path = strcmp(cf->args[1], "off") == 0
+                      ? ric_pstrdup(cf->pool, "off")
+                      : ric_conf_full_path(cf->pool, c->prefix, cf->args[1]);
+    return NULL;
+}
+
+static const char *
+set_error_log(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_conf_t *c = cf->conf;
+    int level = RIC_LOG_ERR;
+
+    (void) conf;
+    if (c->error_log != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    if (cf->nargs == 3) {
+        level = ric_log_level_parse(cf->args[2]);
+        if (level < 0) {
+            return ric_conf_reason(cf, "invalid log level \"%s\"; expected one of debug, info, "
+                                   "notice, warn, error, crit, alert, emerg", cf->args[2]);
+        }
+    }
+    c->error_log = strcmp(cf->args[1], "stderr") == 0
+                       ? ric_pstrdup(cf->pool, "stderr")
+                       : ric_conf_full_path(cf->pool, c->prefix, cf->args[1]);
+    c->error_log_level = level;
+    return NULL;
+}
+
+static int
+has_glob(const char *s)
+{
+    return strpbrk(s, "*?[") != NULL;
+}
+
+static const char *
+set_include(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    char *pattern = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
+    glob_t g;
+    size_t i;
+    int rc;
+
+    (void) cmd;
+    (void) conf;
+    if (!has_glob(pattern)) {
+        return ric_conf_parse_file(cf, pattern) == RIC_OK ? NULL : ric_conf_reported;
+    }
+    rc = glob(pattern, GLOB_ERR, NULL, &g);
+    if (rc == GLOB_NOMATCH) {
+        return NULL; /* like nginx: a pattern may match nothing */
+    }
+    if (rc != 0) {
+        return ric_conf_reason(cf, "cannot read the files of \"%s\"", pattern);
+    }
+    for (i = 0; i < g.gl_pathc; i++) {
+        if (ric_conf_parse_file(cf, g.gl_pathv[i]) != RIC_OK) {
+            globfree(&g);
+            return ric_conf_reported;
+        }
+    }
+    globfree(&g);
+    return NULL;
+}
+
+static void
+settings_init(ric_http_settings_t *s)
+{
+    int64_t *f = (int64_t *) s;
+    size_t i;
+
+    for (i = 0; i < sizeof(*s) / sizeof(int64_t); i++) {
+        f[i] = RIC_CONF_UNSET;
+    }
+}
+
+/* Runs a block handler's body with the context switched, then restores it. */
+static const char *
+enter_block(ric_conf_parse_t *cf, unsigned ctx)
+{
+    unsigned saved = cf->ctx;
+    int rc, line = cf->directive_line;
+
+    cf->ctx = ctx;
+    rc = ric_conf_parse_block(cf);
+    cf->ctx = saved;
+    /* errors found after the block refer to its opening line */
+    cf->directive_line = line;
+    return rc == RIC_OK ? NULL : ric_conf_reported;
+}
+
+static const char *
+block_http(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    (void) conf;
+    if (cf->conf->http != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    cf->conf->http = ric_pcalloc(cf->pool, sizeof(ric_http_conf_t));
+    settings_init(&cf->conf->http->settings);
+    return enter_block(cf, RIC_CONF_HTTP);
+}
+
+static const char *
+block_server(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_server_conf_t *s = ric_pcalloc(cf->pool, sizeof(*s)), **tail;
+    const char *rc;
+
+    (void) cmd;
+    (void) conf;
+    settings_init(&s->settings);
+    s->file = cf->file;
+    s->line = cf->directive_line;
+    for (tail = &cf->conf->http->servers; *tail; tail = &(*tail)->next) {
+    }
+    *tail = s;
+    cf->server = s;
+    rc = enter_block(cf, RIC_CONF_SRV);
+    if (rc == NULL && s->listens == NULL) {
+        return "server has no \"listen\" directive";
+    }
+    cf->server = NULL;
+    return rc;
+}
+
+static const char *
+block_location(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_location_conf_t *l, *o, **tail;
+    const char *path;
+    int exact = 0;
+    const char *rc;
+
+    (void) conf;
+    if (cf->nargs == 3) {
+        if (strcmp(cf->args[1], "=") == 0) {
+            exact = 1;
+        } else if (strcmp(cf->args[1], "~") == 0 || strcmp(cf->args[1], "~*") == 0) {
+            return "regular expression locations are not supported; use \"=\" or a prefix";
+        } else if (strcmp(cf->args[1], "^~") != 0) {
+            return ric_conf_reason(cf, "invalid location modifier \"%s\"", cf->args[1]);
+        }
+        path = cf->args[2];
+    } else {
+        path = cf->args[1];
+    }
+    if (path[0] != '/') {
+        return ric_conf_reason(cf, "invalid location \"%s\" in \"%s\" directive, it must start "
+                               "with \"/\"", path, cmd->name);
+    }
+    for (o = cf->server->locations; o; o = o->next) {
+        if (o->exact == exact && strcmp(o->path, path) == 0) {
+            return ric_conf_reason(cf, "duplicate location \"%s\"", path);
+        }
+    }
+    l = ric_pcalloc(cf->pool, sizeof(*l));
+    l->path = ric_pstrdup(cf->pool, path);
+    l->exact = exact;
+    l->file = cf->file;
+    l->line = cf->directive_line;
+    settings_init(&l->settings);
+    for (tail = &cf->server->locations; *tail; tail = &(*tail)->next) {
+    }
+    *tail = l;
+    cf->location = l;
+    rc = enter_block(cf, RIC_CONF_LOC);
+    cf->location = NULL;
+    return rc;
+}
+
+static const char *
+block_upstream(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_upstream_conf_t *u, **tail;
+    const char *rc;
+
+    (void) cmd;
+    (void) conf;
+    for (u = cf->conf->http->upstreams; u; u = u->next) {
+        if (strcmp(u->name, cf->args[1]) == 0) {
+            return ric_conf_reason(cf, "duplicate upstream \"%s\"", cf->args[1]);
+        }
+    }
+    u = ric_pcalloc(cf->pool, sizeof(*u));
+    u->name = ric_pstrdup(cf->pool, cf->args[1]);
+    u->keepalive = RIC_CONF_UNSET;
+    u->keepalive_timeout = RIC_CONF_UNSET;
+    u->file = cf->file;
+    u->line = cf->directive_line;
+    for (tail = &cf->conf->http->upstreams; *tail; tail = &(*tail)->next) {
+    }
+    *tail = u;
+    cf->upstream = u;
+    rc = enter_block(cf, RIC_CONF_UPS);
+    cf->upstream = NULL;
+    if (rc == NULL && u->servers == NULL) {
+        return ric_conf_reason(cf, "no servers in upstream \"%s\"", u->name);
+    }
+    return rc;
+}
+
+/* Splits "host:port", "[v6]:port", "port" or "host" (port defaults to def).
+ * Returns NULL or a reason. */
+static const char *
+split_host_port(ric_conf_parse_t *cf, const char *text, const char *def, char **host,
+                char **port)
+{
+    const char *colon, *end;
+    int64_t n;
+
+    if (text[0] == '[') {
+        end = strchr(text, ']');
+        if (end == NULL) {
+            return ric_conf_reason(cf, "invalid address \"%s\": missing \"]\"", text);
+        }
+        *host = ric_pstrndup(cf->pool, text + 1, (size_t) (end - text - 1));
+        colon = end[1] == ':' ? end + 1 : NULL;
+        if (end[1] != '\0' && colon == NULL) {
+            return ric_conf_reason(cf, "invalid address \"%s\"", text);
+        }
+    } else {
+        colon = strrchr(text, ':');
+        if (colon != NULL && strchr(text, ':') != colon) {
+            return ric_conf_reason(cf, "invalid address \"%s\": put IPv6 addresses in "
+                                   "brackets, like [::1]:8080", text);
+        }
+        if (colon == NULL && ric_conf_parse_number(text, &n) == RIC_OK) {
+            *host = NULL;
+            *port = ric_pstrdup(cf->pool, text);
+            goto check_port;
+        }
+        *host = colon ? ric_pstrndup(cf->pool, text, (size_t) (colon - text))
+                      : ric_pstrdup(cf->pool, text);
+    }
+    *port = ric_pstrdup(cf->pool, colon ? colon + 1 : def);
+    if (*host != NULL && (*host)[0] == '\0') {
+        return ric_conf_reason(cf, "invalid address \"%s\": empty host", text);
+    }
+
+check_port:
+    if (ric_conf_parse_number(*port, &n) != RIC_OK || n < 1 || n > 65535) {
+        return ric_conf_reason(cf, "invalid port in \"%s\"", text);
+    }
+    return NULL;
+}
+
+static const char *
+set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_server_conf_t *s = cf->server;
+    ric_listen_t *l, *o, **tail;
+    struct addrinfo hints, *res;
+    char *host, *port;
+    const char *reason;
+    int i, rc;
+
+    (void) conf;
+    reason = split_host_port(cf, cf->args[1], "80", &host, &port);
+    if (reason != NULL) {
+        return reason;
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    if (host != NULL && strcmp(host, "*") == 0) {
+        host = NULL;
+    }
+    if (host != NULL) {
+        /* listen takes addresses, not names: resolving at load time would
+         * tie the config to DNS */
+        hints.ai_flags |= AI_NUMERICHOST;
+    } else {
+        hints.ai_family = AF_INET;
+    }
+    rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0) {
+        return ric_conf_reason(cf, "invalid address \"%s\" in \"%s\": %s", cf->args[1],
+                               cmd->name, host ? "expected an IP address" : gai_strerror(rc));
+    }
+
+    l = ric_pcalloc(cf->pool, sizeof(*l));
+    memcpy(&l->addr, res->ai_addr, res->ai_addrlen);
+    l->addrlen = res->ai_addrlen;
+    l->fd = -1;
+    l->server = s;
+    l->text = ric_pstrdup(cf->pool, res->ai_family == AF_INET6 && host
+                                        ? ric_conf_reason(cf, "[%s]:%s", host, port)
+                                        : ric_conf_reason(cf, "%s:%s", host ? host : "0.0.0.0",
+                                                          port));
+    freeaddrinfo(res);
+
+    for (i = 2; i < cf->nargs; i++) {
+        if (strcmp(cf->args[i], "default_server") == 0 || strcmp(cf->args[i], "default") == 0) {
+            l->default_server = 1;
+        } else {
+            return ric_conf_reason(cf, "invalid parameter \"%s\" in \"%s\" directive",
+                                   cf->args[i], cmd->name);
+        }
+    }
+    for (o = s->listens; o; o = o->next) {
+        if (o->addrlen == l->addrlen && memcmp(&o->addr, &l->addr, l->addrlen) == 0) {
+            return ric_conf_reason(cf, "duplicate listen %s", l->text);
+        }
+    }
+    for (tail = &s->listens; *tail; tail = &(*tail)->next) {
+    }
+    *tail = l;
+    return NULL;
+}
+
+static int
+valid_server_name(const char *n)
+{
+    const char *p;
+
+    for (p = n; *p; p++) {
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')
+              || *p == '-' || *p == '.' || *p == '_' || *p == ':' || *p == '*'
+              || *p == '[' || *p == ']')) {
+            return 0;
+        }
+    }
+    /* "*" only as a whole leading label: "*.example.com" */
+    p = strchr(n, '*');
+    return p == NULL || (p == n && n[1] == '.' && strchr(n + 1, '*') == NULL);
+}
+
+static const char *
+set_server_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_server_conf_t *s = cf->server;
+    int i;
+
+    (void) conf;
+    if (s->names != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    s->names = ric_palloc(cf->pool, sizeof(char *) * (size_t) (cf->nargs - 1));
+    for (i = 1; i < cf->nargs; i++) {
+        if (cf->args[i][0] == '~') {
+            return ric_conf_reason(cf, "regular expression server names are not supported: "
+                                   "\"%s\"", cf->args[i]);
+        }
+        if (!valid_server_name(cf->args[i])) {
+            return ric_conf_reason(cf, "invalid server name \"%s\"", cf->args[i]);
+        }
+        s->names[s->nnames++] = ric_pstrdup(cf->pool, cf->args[i]);
+        /* names compare case-insensitively: keep them lowercase */
+        for (char *p = s->names[s->nnames - 1]; *p; p++) {
+            if (*p >= 'A' && *p <= 'Z') {
+                *p |= 0x20;
+            }
+        }
+    }
+    return NULL;
+}
+
+static const char *
+set_upstream_server(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_upstream_conf_t *u = conf;
+    ric_upstream_server_t *s = ric_pcalloc(cf->pool, sizeof(*s)), **tail;
+    const char *reason, *v;
+    int i;
+    int64_t n;
+
+    (void) cmd;
+    reason = split_host_port(cf, cf->args[1], "80", &s->host, &s->port);
+    if (reason != NULL) {
+        return reason;
+    }
+    if (s->host == NULL) {
+        return ric_conf_reason(cf, "invalid server \"%s\": expected HOST:PORT", cf->args[1]);
+    }
+    s->text = ric_pstrdup(cf->pool, cf->args[1]);
+    s->weight = 1;
+    s->max_fails = 1;
+    s->fail_timeout = 10000;
+    for (i = 2; i < cf->nargs; i++) {
+        const char *a = cf->args[i];
+        if (strncmp(a, "weight=", 7) == 0) {
+            v = a + 7;
+            if (ric_conf_parse_number(v, &n) != RIC_OK || n < 1 || n > 1000) {
+                return ric_conf_reason(cf, "invalid \"%s\": weight is 1 to 1000", a);
+            }
+            s->weight = (int) n;
+        } else if (strncmp(a, "max_fails=", 10) == 0) {
+            v = a + 10;
+            if (ric_conf_parse_number(v, &n) != RIC_OK || n > 1000000) {
+                return ric_conf_reason(cf, "invalid \"%s\": max_fails is a number, "
+                                       "0 turns it off", a);
+            }
+            s->max_fails = (int) n;
+        } else if (strncmp(a, "fail_timeout=", 13) == 0) {
+            if (ric_conf_parse_time(a + 13, &s->fail_timeout) != RIC_OK) {
+                return ric_conf_reason(cf, "invalid \"%s\": expected a time", a);
+            }
+        } else {
+            return ric_conf_reason(cf, "invalid parameter \"%s\"", a);
+        }
+    }
+    for (tail = &u->servers; *tail; tail = &(*tail)->next) {
+    }
+    *tail = s;
+    return NULL;
+}
+
+const ric_conf_cmd_t ric_conf_commands[] = {
+    { "worker_processes", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_worker_processes,
+      MAIN(worker_processes), "auto",
+      "number of worker processes; \"auto\" means one per CPU core" },
+    { "worker_connections", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_num, MAIN(worker_connections),
+      "1024", "most client connections one worker holds open at once" },
+    { "worker_shutdown_timeout", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_msec,
+      MAIN(worker_shutdown_timeout), "60s",
+      "how long a gracefully stopping worker waits for in-flight requests" },
+    { "daemon", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_flag, MAIN(daemon), "off",
+      "detach from the terminal and run in the background" },
+    { "pid", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_pid, RIC_CONF_NO_OFFSET, "off",
+      "file the master writes its process id to; used by -s" },
+    { "error_log", RIC_CONF_MAIN | RIC_CONF_HTTP, RIC_CONF_TAKE12, set_error_log,
+      RIC_CONF_NO_OFFSET, "stderr error",
+      "where the error log goes (a file or \"stderr\") and its lowest level" },
+    { "include", RIC_CONF_ANY, RIC_CONF_TAKE1, set_include, RIC_CONF_NO_OFFSET, NULL,
+      "reads other files (glob patterns allowed) in place of the directive" },
+    { "http", RIC_CONF_MAIN, RIC_CONF_NOARGS | RIC_CONF_BLOCK, block_http, RIC_CONF_NO_OFFSET,
+      NULL, "the HTTP gateway: servers and upstreams" },
+    { "upstream", RIC_CONF_HTTP, RIC_CONF_TAKE1 | RIC_CONF_BLOCK, block_upstream,
+      RIC_CONF_NO_OFFSET, NULL, "a named group of upstream servers" },
+    { "server", RIC_CONF_UPS, RIC_CONF_1MORE, set_upstream_server, RIC_CONF_NO_OFFSET, NULL,
+      "an upstream server: HOST:PORT [weight=N] [max_fails=N] [fail_timeout=T]" },
+    { "keepalive", RIC_CONF_UPS, RIC_CONF_TAKE1, set_num, UPS(keepalive), "32",
+      "idle connections to the upstream each worker keeps for reuse" },
+    { "keepalive_timeout", RIC_CONF_UPS, RIC_CONF_TAKE1, set_msec, UPS(keepalive_timeout),
+      "60s", "how long an idle upstream connection is kept" },
+    { "server", RIC_CONF_HTTP, RIC_CONF_NOARGS | RIC_CONF_BLOCK, block_server,
+      RIC_CONF_NO_OFFSET, NULL, "a virtual server: listen addresses, names and locations" },
+    { "listen", RIC_CONF_SRV, RIC_CONF_1MORE, set_listen, RIC_CONF_NO_OFFSET, NULL,
+      "ADDRESS:PORT | PORT [default_server]: where the server accepts connections" },
+    { "server_name", RIC_CONF_SRV, RIC_CONF_1MORE, set_server_name, RIC_CONF_NO_OFFSET, "\"\"",
+      "names the server answers for: exact names and *.suffix wildcards" },
+    { "location", RIC_CONF_SRV, RIC_CONF_TAKE12 | RIC_CONF_BLOCK, block_location,
+      RIC_CONF_NO_OFFSET, NULL, "[=] PATH: settings for requests whose path matches" },
+    { "client_header_timeout", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1, set_msec,
+      SETTINGS(client_header_timeout), "60s",
+      "time to receive a whole request head; then 408 and the connection closes" },
+    { "client_body_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+      SETTINGS(client_body_timeout), "60s",
+      "longest pause between two reads of a request body; then 408" },
+    { "keepalive_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+      SETTINGS(keepalive_timeout), "75s",
+      "how long an idle client connection stays open; 0 turns keep-alive off" },
+    { "keepalive_requests", SETTINGS_CTX, RIC_CONF_TAKE1, set_num,
+      SETTINGS(keepalive_requests), "1000",
+      "requests served on one client connection before it is closed" },
+    { "send_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(send_timeout), "60s",
+      "longest pause between two writes to a client; then the connection closes" },
+    { "client_max_body_size", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
+      SETTINGS(client_max_body_size), "1m",
+      "largest request body accepted; larger gets 413; 0 means no limit" },
+    { NULL, 0, 0, NULL, 0, NULL, NULL }
+};
+
+int
+ric_conf_apply_defaults(ric_conf_parse_t *cf, unsigned ctx, void *conf)
+{
+    const ric_conf_cmd_t *cmd;
+    char *name;
+    const char *reason;
+
+    for (cmd = ric_conf_commands; cmd->name != NULL; cmd++) {
+        if (!(cmd->contexts & ctx) || cmd->offset == RIC_CONF_NO_OFFSET
+            || cmd->default_value == NULL || *field_at(conf, cmd) != RIC_CONF_UNSET) {
+            continue;
+        }
+        /* defaults go through the same parser as the config text, so the
+         * documented value and the effective one cannot drift apart */
+        name = (char *) cmd->name;
+        cf->args[0] = name;
+        cf->args[1] = (char *) cmd->default_value;
+        cf->nargs = 2;
+        reason = cmd->set(cf, cmd, conf);
+        if (reason != NULL) {
+            snprintf(cf->err, cf->errlen, "default of \"%s\": %s", cmd->name, reason);
+            return RIC_ERROR;
+        }
+    }
+    return RIC_OK;
+}
+
+static void
+settings_merge(ric_http_settings_t *child, const ric_http_settings_t *parent)
+{
+    int64_t *c = (int64_t *) child;
+    const int64_t *p = (const int64_t *) parent;
+    size_t i;
+
+    for (i = 0; i < sizeof(*child) / sizeof(int64_t); i++) {
+        if (c[i] == RIC_CONF_UNSET) {
+            c[i] = p[i];
+        }
+    }
+}
+
+static int
+same_addr(const struct sockaddr_storage *a, socklen_t alen, const struct sockaddr_storage *b,
+          socklen_t blen)
+{
+    return alen == blen && memcmp(a, b, alen) == 0;
+}
+
+/* Groups every server's listens into one listener per address, picking the
+ * default server of each. */
+static const char *
+build_listeners(ric_conf_parse_t *cf)
+{
+    ric_conf_t *c = cf->conf;
+    ric_server_conf_t *s;
+    ric_listen_t *l;
+    ric_listener_t *ls, **tail;
+
+    for (s = c->http->servers; s; s = s->next) {
+        for (l = s->listens; l; l = l->next) {
+            for (ls = c->listeners; ls; ls = ls->next) {
+                if (same_addr(&ls->addr, ls->addrlen, &l->addr, l->addrlen)) {
+                    break;
+                }
+            }
+            if (ls == NULL) {
+                ls = ric_pcalloc(cf->pool, sizeof(*ls));
+                memcpy(&ls->addr, &l->addr, l->addrlen);
+                ls->addrlen = l->addrlen;
+                ls->text = l->text;
+                ls->fd = -1;
+                ls->default_server = s;
+                for (tail = &c->listeners; *tail; tail = &(*tail)->next) {
+                }
+                *tail = ls;
+            } else if (l->default_server) {
+                ric_listen_t *o;
+                for (o = ls->listens; o; o = o->addr_next) {
+                    if (o->default_server) {
+                        return ric_conf_reason(cf, "%s:%d: a duplicate default server for %s",
+                                               s->file, s->line, l->text);
+                    }
+                }
+                ls->default_server = s;
+            }
+            l->addr_next = ls->listens;
+            ls->listens = l;
+        }
+    }
+    return NULL;
+}
+
+const char *
+ric_conf_finish(ric_conf_parse_t *cf)
+{
+    ric_conf_t *c = cf->conf;
+    ric_server_conf_t *s;
+    ric_location_conf_t *l;
+    ric_upstream_conf_t *u;
+    const char *reason;
+
+    if (ric_conf_apply_defaults(cf, RIC_CONF_MAIN, c) != RIC_OK) {
+        return ric_conf_reported;
+    }
+    if (c->pid_path == NULL) {
+        c->pid_path = ric_pstrdup(cf->pool, "off");
+    }
+    if (c->error_log == NULL) {
+        c->error_log = ric_pstrdup(cf->pool, "stderr");
+        c->error_log_level = RIC_LOG_ERR;
+    }
+    if (c->http == NULL) {
+        return NULL;
+    }
+    if (ric_conf_apply_defaults(cf, RIC_CONF_HTTP, &c->http->settings) != RIC_OK) {
+        return ric_conf_reported;
+    }
+    for (u = c->http->upstreams; u; u = u->next) {
+        if (ric_conf_apply_defaults(cf, RIC_CONF_UPS, u) != RIC_OK) {
+            return ric_conf_reported;
+        }
+    }
+    for (s = c->http->servers; s; s = s->next) {
+        settings_merge(&s->settings, &c->http->settings);
+        for (l = s->locations; l; l = l->next) {
+            settings_merge(&l->settings, &s->settings);
+        }
+    }
+    reason = build_listeners(cf);
+    if (reason != NULL) {
+        snprintf(cf->err, cf->errlen, "%s", reason);
+        return ric_conf_reported;
+    }
+    return NULL;
+}
+
+/* Lists the table for `ricochet --directives` (and the docs check). */
+int ric_conf_print_directives(FILE *out);
+
+int
+ric_conf_print_directives(FILE *out)
+{
+    static const struct { unsigned bit; const char *name; } ctx[] = {
+        { RIC_CONF_MAIN, "main" }, { RIC_CONF_HTTP, "http" }, { RIC_CONF_SRV, "server" },
+        { RIC_CONF_LOC, "location" }, { RIC_CONF_UPS, "upstream" }
+    };
+    const ric_conf_cmd_t *cmd;
+    size_t i;
+    int first;
+
+    for (cmd = ric_conf_commands; cmd->name != NULL; cmd++) {
+        fprintf(out, "%s\t", cmd->name);
+        first = 1;
+        for (i = 0; i < ric_nelems(ctx); i++) {
+            if (cmd->contexts == RIC_CONF_ANY) {
+                fprintf(out, "any");
+                break;
+            }
+            if (cmd->contexts & ctx[i].bit) {
+                fprintf(out, "%s%s", first ? "" : ",", ctx[i].name);
+                first = 0;
+            }
+        }
+        fprintf(out, "\t%s\t%s\n", cmd->default_value ? cmd->default_value : "-", cmd->summary);
+    }
+    return 0;
+}

@@ -1,0 +1,559 @@
+/* conn.c: client connections: read and check requests, answer them in order, keep-alive and timeouts. */
+#include "conn.h"
+#include "log.h"
+#include "route.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CONN_IN_INITIAL 4096
+/* the longest head we may have to hold: request line, fields, CRLFs */
+#define CONN_IN_MAX (RIC_HTTP_MAX_REQUEST_LINE + RIC_HTTP_MAX_HEADER_BYTES + 1024)
+#define CONN_OUT_INITIAL 1024
+#define LINGER_TIMEOUT_MS 5000  /* quiet time that ends a lingering close */
+#define LINGER_TOTAL_MS 30000   /* a lingering close never lasts longer */
+
+static void on_read(evutil_socket_t fd, short what, void *arg);
+static void on_write(evutil_socket_t fd, short what, void *arg);
+static void conn_run(ric_conn_t *c);
+
+static int64_t
+now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timeval
+ms_to_tv(int64_t ms)
+{
+    struct timeval tv;
+
+    if (ms < 0) {
+        ms = 0;
+    }
+    tv.tv_sec = (time_t) (ms / 1000);
+    tv.tv_usec = (suseconds_t) ((ms % 1000) * 1000);
+    return tv;
+}
+
+static void
+format_peer(char *buf, size_t size, const struct sockaddr *sa)
+{
+    char ip[INET6_ADDRSTRLEN];
+
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *) sa;
+        inet_ntop(AF_INET6, &s6->sin6_addr, ip, sizeof(ip));
+        snprintf(buf, size, "[%s]:%u", ip, ntohs(s6->sin6_port));
+    } else if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *) sa;
+        inet_ntop(AF_INET, &s4->sin_addr, ip, sizeof(ip));
+        snprintf(buf, size, "%s:%u", ip, ntohs(s4->sin_port));
+    } else {
+        snprintf(buf, size, "unknown");
+    }
+}
+
+int
+ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockaddr *sa,
+                socklen_t salen)
+{
+    ric_conn_t *c = ric_xcalloc(1, sizeof(*c));
+    int one = 1;
+
+    (void) salen;
+    c->fd = fd;
+    c->worker = w;
+    c->listener = ls;
+    c->state = RIC_CONN_HEAD;
+    format_peer(c->peer, sizeof(c->peer), sa);
+    if (sa->sa_family != AF_UNIX) {
+        /* answers are written whole: don't let Nagle hold back their tail */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    c->rev = event_new(w->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    c->wev = event_new(w->base, fd, EV_WRITE, on_write, c);
+    c->server = ls->default_server;
+    c->settings = &ls->default_server->settings;
+    ric_http_msg_init(&c->msg);
+    /* the first request must arrive within client_header_timeout */
+    c->read_deadline = now_ms() + c->settings->client_header_timeout;
+    ric_worker_conn_opened(w, c);
+    ric_log_debug("accepted connection from %s on %s", c->peer, ls->text);
+    conn_run(c);
+    return RIC_OK;
+}
+
+void
+ric_conn_close(ric_conn_t *c)
+{
+    ric_log_debug("closing connection from %s", c->peer);
+    event_free(c->rev);
+    event_free(c->wev);
+    close(c->fd);
+    ric_worker_conn_closed(c->worker, c);
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+void
+ric_conn_shutdown(ric_conn_t *c)
+{
+    if (c->state == RIC_CONN_HEAD && c->in_len == 0) {
+        ric_conn_close(c);
+        return;
+    }
+    c->close_after = 1;
+}
+
+/* Makes room for n more bytes of output. */
+static void
+out_reserve(ric_conn_t *c, size_t n)
+{
+    if (c->out_len + n <= c->out_size) {
+        return;
+    }
+    c->out_size = ric_max(c->out_size * 2, ric_max(c->out_len + n, (size_t) CONN_OUT_INITIAL));
+    c->out = ric_xrealloc(c->out, c->out_size);
+}
+
+static void
+out_append(ric_conn_t *c, const void *p, size_t n)
+{
+    out_reserve(c, n);
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+}
+
+/* Queues a complete answer of the gateway's own, with a short text body. */
+static void
+respond(ric_conn_t *c, int status)
+{
+    char head[512], body[128];
+    const char *reason = ric_http_status_text(status);
+    int blen, hlen, head_only;
+
+    blen = snprintf(body, sizeof(body), "%d %s\n", status, reason);
+    head_only = c->msg.method == RIC_HTTP_HEAD && c->msg.head_len > 0;
+    if (!c->msg.keep_alive || c->worker->shutting_down
+        || c->settings->keepalive_timeout == 0
+        || c->requests + 1 >= c->settings->keepalive_requests) {
+        c->close_after = 1;
+    }
+    hlen = snprintf(head, sizeof(head),
+                    "HTTP/1.1 %d %s\r\n"
+                    "Server: ricochet\r\n"
+                    "Date: %s\r\n"
+                    "Content-Type: text/plain\r\n"
+                    "Content-Length: %d\r\n"
+                    "%s"
+                    "\r\n",
+                    status, reason, ric_worker_date(c->worker), blen,
+                    c->close_after ? "Connection: close\r\n"
+                    : c->msg.version == 10 ? "Connection: keep-alive\r\n" : "");
+    out_append(c, head, (size_t) hlen);
+    if (!head_only) {
+        out_append(c, body, (size_t) blen);
+    }
+    c->status = status;
+    c->state = RIC_CONN_WRITE;
+}
+
+/* An answer after which nothing more on this connection is read. */
+static void
+respond_close(ric_conn_t *c, int status)
+{
+    c->close_after = 1;
+    c->linger = 1;
+    c->msg.keep_alive = 0;
+    respond(c, status);
+}
+
+static void
+arm_read(ric_conn_t *c, int64_t deadline)
+{
+    struct timeval tv = ms_to_tv(deadline - now_ms());
+
+    event_add(c->rev, &tv);
+}
+
+/* Gives the buffer room to read into; RIC_ERROR when the head is at its limit. */
+static int
+in_reserve(ric_conn_t *c)
+{
+    size_t size;
+
+    if (c->in_len < c->in_size) {
+        return RIC_OK;
+    }
+    if (c->in_size >= CONN_IN_MAX + CONN_IN_INITIAL) {
+        return RIC_ERROR;
+    }
+    size = c->in_size ? c->in_size * 2 : CONN_IN_INITIAL;
+    c->in = ric_xrealloc(c->in, ric_min(size, (size_t) (CONN_IN_MAX + CONN_IN_INITIAL)));
+    c->in_size = ric_min(size, (size_t) (CONN_IN_MAX + CONN_IN_INITIAL));
+    return RIC_OK;
+}
+
+/* Reads what the socket has. Returns bytes read, 0 at EOF, RIC_AGAIN, or
+ * RIC_ERROR. */
+static ssize_t
+read_some(ric_conn_t *c)
+{
+    ssize_t n;
+
+    if (in_reserve(c) != RIC_OK) {
+        return RIC_AGAIN; /* the parser reports the limit; never read past it */
+    }
+    do {
+        n = recv(c->fd, c->in + c->in_len, c->in_size - c->in_len, 0);
+    } while (n == -1 && errno == EINTR);
+    if (n == -1) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return RIC_AGAIN;
+        }
+        if (errno != ECONNRESET) {
+            ric_log_error(RIC_LOG_INFO, errno, "recv() failed, client: %s", c->peer);
+        }
+        return RIC_ERROR;
+    }
+    c->in_len += (size_t) n;
+    return n;
+}
+
+static void
+log_client_error(ric_conn_t *c, const char *what, int status, const char *reason)
+{
+    ric_log_error(RIC_LOG_INFO, 0, "client sent %s (%d: %s) while reading the request, client: %s",
+                  what, status, reason ? reason : ric_http_status_text(status), c->peer);
+}
+
+/* The head is parsed: pick the route and decide what happens to the body. */
+static void
+request_start(ric_conn_t *c)
+{
+    ric_http_msg_t *m = &c->msg;
+    ric_location_conf_t *loc;
+    ric_str_t host = ric_null_string;
+    uint64_t limit;
+
+    if (m->host_index >= 0) {
+        host = ric_http_span(c->in, m->fields[m->host_index].value_off,
+                             m->fields[m->host_index].value_len);
+    }
+    c->server = ric_route_server(c->listener, host);
+    loc = ric_route_location(c->server, ric_http_span(c->in, m->target_off, m->path_len));
+    c->settings = loc ? &loc->settings : &c->server->settings;
+    c->in_used = m->head_len;
+    c->body_received = 0;
+    c->continue_sent = 0;
+
+    limit = (uint64_t) c->settings->client_max_body_size;
+    if (m->body == RIC_BODY_LENGTH && limit > 0 && m->content_length > limit) {
+        log_client_error(c, "too large a body", 413, NULL);
+        respond_close(c, 413);
+        return;
+    }
+    if (m->body == RIC_BODY_NONE) {
+        respond(c, 404);
+        return;
+    }
+    c->body_left = m->content_length;
+    ric_http_chunked_init(&c->chunked);
+    c->read_deadline = now_ms() + c->settings->client_body_timeout;
+    c->state = RIC_CONN_BODY;
+}
+
+/* Drops body bytes [from, to) of in[] by moving what follows down. */
+static void
+in_discard(ric_conn_t *c, size_t from, size_t to)
+{
+    memmove(c->in + from, c->in + to, c->in_len - to);
+    c->in_len -= to - from;
+}
+
+/* Consumes the body bytes in the buffer. Until proxying lands the body is
+ * read and dropped, so the connection stays usable for the next request.
+ * Returns RIC_DONE, RIC_AGAIN, or RIC_ERROR after queueing the answer. */
+static int
+body_consume(ric_conn_t *c)
+{
+    size_t avail = c->in_len - c->in_used, take;
+    uint64_t limit = (uint64_t) c->settings->client_max_body_size;
+    const u_char *p, *end, *data;
+    size_t dlen;
+    int rc;
+
+    if (c->msg.body == RIC_BODY_LENGTH) {
+        take = (size_t) ric_min((uint64_t) avail, c->body_left);
+        in_discard(c, c->in_used, c->in_used + take);
+        c->body_left -= take;
+        c->body_received += take;
+        return c->body_left == 0 ? RIC_DONE : RIC_AGAIN;
+    }
+
+    p = c->in + c->in_used;
+    end = c->in + c->in_len;
+    for (;;) {
+        rc = ric_http_chunked_next(&c->chunked, &p, end, &data, &dlen);
+        if (rc == RIC_OK) {
+            c->body_received += dlen;
+            if (limit > 0 && c->body_received > limit) {
+                log_client_error(c, "too large a body", 413, NULL);
+                respond_close(c, 413);
+                return RIC_ERROR;
+            }
+            continue;
+        }
+        break;
+    }
+    in_discard(c, c->in_used, (size_t) (p - c->in));
+    if (rc == RIC_ERROR) {
+        log_client_error(c, "an invalid chunked body", 400, NULL);
+        respond_close(c, 400);
+        return RIC_ERROR;
+    }
+    return rc == RIC_DONE ? RIC_DONE : RIC_AGAIN;
+}
+
+/* Writes pending output. RIC_OK when all is written, RIC_AGAIN, RIC_ERROR. */
+static int
+flush_out(ric_conn_t *c)
+{
+    ssize_t n;
+
+    while (c->out_sent < c->out_len) {
+        n = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
+        if (n == -1) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return RIC_AGAIN;
+            }
+            if (errno != EPIPE && errno != ECONNRESET) {
+                ric_log_error(RIC_LOG_INFO, errno, "send() failed, client: %s", c->peer);
+            }
+            return RIC_ERROR;
+        }
+        c->out_sent += (size_t) n;
+    }
+    c->out_len = c->out_sent = 0;
+    return RIC_OK;
+}
+
+/* After an answer that closes: stop sending, read and drop what the client
+ * still sends for a while, so the answer is not destroyed by a reset. */
+static void
+start_linger(ric_conn_t *c)
+{
+    if (shutdown(c->fd, SHUT_WR) == -1) {
+        ric_conn_close(c);
+        return;
+    }
+    c->state = RIC_CONN_LINGER;
+    c->in_len = 0;
+    c->read_deadline = now_ms() + LINGER_TOTAL_MS;
+    arm_read(c, ric_min(c->read_deadline, now_ms() + LINGER_TIMEOUT_MS));
+}
+
+/* The answer is written: get ready for the next request on the connection. */
+static void
+request_finish(ric_conn_t *c)
+{
+    size_t used = c->in_used ? c->in_used : c->msg.head_len;
+
+    c->requests++;
+    if (used > 0 && used <= c->in_len) {
+        in_discard(c, 0, used);
+    }
+    c->in_used = 0;
+    ric_http_msg_init(&c->msg);
+    c->state = RIC_CONN_HEAD;
+    c->server = c->listener->default_server;
+    c->settings = &c->server->settings;
+    if (c->in_len > 0) {
+        c->read_deadline = now_ms() + c->settings->client_header_timeout;
+    }
+}
+
+static void
+conn_run(ric_conn_t *c)
+{
+    int rc;
+    struct timeval tv;
+
+    for (;;) {
+        switch (c->state) {
+        case RIC_CONN_HEAD:
+            if (c->in_len == 0) {
+                if (c->requests > 0) {
+                    /* idle between requests: keepalive_timeout applies */
+                    tv = ms_to_tv(c->settings->keepalive_timeout);
+                    event_add(c->rev, &tv);
+                } else {
+                    arm_read(c, c->read_deadline);
+                }
+                return;
+            }
+            rc = ric_http_parse_request(&c->msg, c->in, c->in_len);
+            if (rc == RIC_AGAIN) {
+                arm_read(c, c->read_deadline);
+                return;
+            }
+            if (rc == RIC_ERROR) {
+                log_client_error(c, "an invalid request", c->msg.error_status,
+                                 c->msg.error_reason);
+                respond_close(c, c->msg.error_status);
+                break;
+            }
+            request_start(c);
+            break;
+
+        case RIC_CONN_BODY:
+            if (c->msg.expect_continue && !c->continue_sent && c->in_len == c->in_used
+                && c->msg.version == 11) {
+                static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+                /* the client waits for this before sending the body */
+                if (send(c->fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL)
+                    != (ssize_t) sizeof(cont) - 1) {
+                    ric_conn_close(c);
+                    return;
+                }
+            }
+            c->continue_sent = 1;
+            rc = body_consume(c);
+            if (rc == RIC_AGAIN) {
+                arm_read(c, c->read_deadline);
+                return;
+            }
+            if (rc == RIC_DONE) {
+                /* no proxying yet: nothing here can answer */
+                respond(c, 404);
+            }
+            break;
+
+        case RIC_CONN_WRITE:
+            rc = flush_out(c);
+            if (rc == RIC_AGAIN) {
+                /* don't read the next request before this answer is out */
+                event_del(c->rev);
+                tv = ms_to_tv(c->settings->send_timeout);
+                event_add(c->wev, &tv);
+                return;
+            }
+            if (rc == RIC_ERROR) {
+                ric_conn_close(c);
+                return;
+            }
+            if (c->close_after) {
+                if (c->linger) {
+                    start_linger(c);
+                } else {
+                    ric_conn_close(c);
+                }
+                return;
+            }
+            request_finish(c);
+            break;
+
+        case RIC_CONN_LINGER:
+            return;
+        }
+    }
+}
+
+static void
+on_read(evutil_socket_t fd, short what, void *arg)
+{
+    ric_conn_t *c = arg;
+    ssize_t n;
+    char drain[4096];
+
+    (void) fd;
+    if (c->state == RIC_CONN_LINGER) {
+        if (what & EV_TIMEOUT) {
+            ric_conn_close(c);
+            return;
+        }
+        n = recv(c->fd, drain, sizeof(drain), 0);
+        if (n == 0 || (n == -1 && errno != EAGAIN && errno != EINTR)
+            || now_ms() >= c->read_deadline) {
+            ric_conn_close(c);
+            return;
+        }
+        arm_read(c, ric_min(c->read_deadline, now_ms() + LINGER_TIMEOUT_MS));
+        return;
+    }
+
+    if (what & EV_TIMEOUT) {
+        if (c->state == RIC_CONN_HEAD && c->in_len == 0 && c->requests > 0) {
+            ric_conn_close(c); /* idle keep-alive connection */
+            return;
+        }
+        ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while reading the request %s, "
+                      "client: %s", c->state == RIC_CONN_BODY ? "body" : "head", c->peer);
+        event_del(c->rev);
+        respond_close(c, 408);
+        conn_run(c);
+        return;
+    }
+    if (c->state == RIC_CONN_WRITE) {
+        event_del(c->rev);
+        return;
+    }
+
+    if (c->state == RIC_CONN_HEAD && c->in_len == 0 && c->requests > 0) {
+        /* the first byte of a new request starts its header timeout */
+        c->read_deadline = now_ms() + c->settings->client_header_timeout;
+    }
+    n = read_some(c);
+    if (n == RIC_AGAIN) {
+        if (c->state == RIC_CONN_BODY) {
+            c->read_deadline = now_ms() + c->settings->client_body_timeout;
+        }
+        conn_run(c);
+        return;
+    }
+    if (n == 0 || n == RIC_ERROR) {
+        if (c->state == RIC_CONN_BODY || (c->state == RIC_CONN_HEAD && c->in_len > 0)) {
+            ric_log_error(RIC_LOG_INFO, 0, "client closed the connection while reading the "
+                          "request, client: %s", c->peer);
+        }
+        ric_conn_close(c);
+        return;
+    }
+    if (c->state == RIC_CONN_BODY) {
+        /* client_body_timeout is the longest pause between two reads */
+        c->read_deadline = now_ms() + c->settings->client_body_timeout;
+    }
+    conn_run(c);
+}
+
+static void
+on_write(evutil_socket_t fd, short what, void *arg)
+{
+    ric_conn_t *c = arg;
+
+    (void) fd;
+    if (what & EV_TIMEOUT) {
+        ric_log_error(RIC_LOG_INFO, 0, "client timed out while sending the response, "
+                      "client: %s", c->peer);
+        ric_conn_close(c);
+        return;
+    }
+    /* reading, paused while the answer was pending, is re-armed by the
+     * state that follows */
+    conn_run(c);
+}

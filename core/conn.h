@@ -1,0 +1,71 @@
+/* conn.h: a client (downstream) HTTP/1.1 connection: reading requests, answering in order, keep-alive. */
+#ifndef RIC_CONN_H
+#define RIC_CONN_H
+
+#include "ric_core.h"
+#include "conf.h"
+#include "http_parse.h"
+
+#include <event2/event.h>
+
+typedef enum {
+    RIC_CONN_HEAD,      /* waiting for / reading a request head */
+    RIC_CONN_BODY,      /* reading the request body */
+    RIC_CONN_WRITE,     /* writing a response */
+    RIC_CONN_LINGER     /* answered with close: draining what the client still sends */
+} ric_conn_state_t;
+
+struct ric_conn_s {
+    int fd;
+    ric_worker_t *worker;
+    ric_listener_t *listener;
+    ric_conn_state_t state;
+    struct event *rev;
+    struct event *wev;
+    char peer[64]; /* "ip:port" for logs */
+
+    /* input: the current request's head starts at in[0]; what follows it
+     * (its body, pipelined requests) comes after */
+    u_char *in;
+    size_t in_size;
+    size_t in_len;
+    size_t in_used; /* bytes of in[] belonging to the current request */
+
+    ric_http_msg_t msg;
+    ric_http_chunked_t chunked;
+    uint64_t body_left;     /* Content-Length bytes still to read */
+    uint64_t body_received; /* body bytes so far (for client_max_body_size) */
+    int continue_sent;
+
+    /* the current request's route */
+    ric_server_conf_t *server;
+    const ric_http_settings_t *settings;
+    int64_t requests; /* served on this connection */
+
+    /* output */
+    u_char *out;
+    size_t out_size;
+    size_t out_len;
+    size_t out_sent;
+    int close_after; /* close once the current response is written */
+    int status;      /* of the current response, for logs */
+
+    int linger;          /* after an error: drain the client before closing */
+    int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
+
+    ric_conn_t *prev, *next; /* worker's list */
+};
+
+/* Takes over an accepted, non-blocking socket. Returns RIC_OK, or RIC_ERROR
+ * with the socket closed. */
+int ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockaddr *sa,
+                    socklen_t salen);
+
+/* Closes the connection now and frees it. */
+void ric_conn_close(ric_conn_t *c);
+
+/* Graceful shutdown: closes c if it is idle between requests; otherwise it
+ * will close once its current response is written. */
+void ric_conn_shutdown(ric_conn_t *c);
+
+#endif /* RIC_CONN_H */

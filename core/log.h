@@ -1,0 +1,61 @@
+/* log.h: the error log, with nginx's levels; the level is checked before arguments are evaluated. */
+#ifndef RIC_LOG_H
+#define RIC_LOG_H
+
+#include "ric_core.h"
+
+#include <stdarg.h>
+
+enum {
+    RIC_LOG_EMERG = 0,
+    RIC_LOG_ALERT,
+    RIC_LOG_CRIT,
+    RIC_LOG_ERR,
+    RIC_LOG_WARN,
+    RIC_LOG_NOTICE,
+    RIC_LOG_INFO,
+    RIC_LOG_DEBUG
+};
+
+struct ric_log_s {
+    int fd;      /* where lines go; 2 for stderr */
+    int level;   /* lines above this level are dropped */
+    char *path;  /* resolved file path, NULL for stderr; owned */
+};
+
+/* The process-wide log every module writes to. */
+extern ric_log_t *ric_log;
+
+#define ric_log_error(lvl, err, ...)                                        \
+    do {                                                                   \
+        if ((lvl) <= ric_log->level) {                                     \
+            ric_log_write((lvl), (err), __VA_ARGS__);                      \
+        }                                                                  \
+    } while (0)
+
+#ifdef RIC_DEBUG
+#define ric_log_debug(...) ric_log_error(RIC_LOG_DEBUG, 0, __VA_ARGS__)
+#else
+#define ric_log_debug(...) ((void) 0)
+#endif
+
+/* Writes one line "TIME [level] PID#0: message[ (errno: strerror)]". err is
+ * an errno value or 0. Never fails the caller; a short write is dropped. */
+void ric_log_write(int level, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Level name → number, -1 if unknown. */
+int ric_log_level_parse(const char *name);
+const char *ric_log_level_name(int level);
+
+/* Opens path for appending ("stderr" means fd 2) into log. Returns RIC_OK, or
+ * RIC_ERROR with errno set and log unchanged. */
+int ric_log_open(ric_log_t *log, const char *path, int level);
+
+/* Makes the process log point at `log` (its fd and path are taken over). */
+void ric_log_use(ric_log_t *log);
+
+/* Reopens the current log file (SIGUSR1 / -s reopen); keeps the old fd on error. */
+int ric_log_reopen(void);
+
+#endif /* RIC_LOG_H */

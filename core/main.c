@@ -1,0 +1,143 @@
+/* main.c: the command line: run, test a config (-t), signal a master (-s), print versions (-v). */
+#include "conf.h"
+#include "log.h"
+#include "process.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <unistd.h>
+
+static void
+usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ricochet [-h] [-v] [-t] [-s SIGNAL] [-p PREFIX] [-c FILE]\n"
+            "\n"
+            "  -h          this help\n"
+            "  -v          the version, and the versions of the libraries it runs on\n"
+            "  -t          test the configuration and exit\n"
+            "  -s SIGNAL   send SIGNAL to the running master: stop, quit, reopen\n"
+            "  -p PREFIX   the directory relative paths resolve against (default: the\n"
+            "              current directory)\n"
+            "  -c FILE     the configuration file (default: PREFIX/conf/ricochet.conf,\n"
+            "              or the built-in default when that file does not exist)\n"
+            "  --directives  list every configuration directive with its default\n");
+}
+
+/* LuaJIT's own idea of its version, read at run time. */
+static void
+print_luajit_version(void)
+{
+    lua_State *L = luaL_newstate();
+
+    if (L == NULL) {
+        printf("LuaJIT: (cannot create a state)\n");
+        return;
+    }
+    luaL_openlibs(L);
+    lua_getglobal(L, "jit");                 /* jit */
+    if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "version");      /* jit version */
+        printf("%s\n", lua_tostring(L, -1) ? lua_tostring(L, -1) : "LuaJIT (unknown)");
+        lua_pop(L, 1);                       /* jit */
+    } else {
+        printf("%s\n", LUA_VERSION);
+    }
+    lua_pop(L, 1);                           /* (empty) */
+    lua_close(L);
+}
+
+static void
+print_versions(void)
+{
+    printf("ricochet version %s\n", RIC_VERSION);
+    printf("libevent %s\n", event_get_version());
+    printf("%s\n", OpenSSL_version(OPENSSL_VERSION));
+    print_luajit_version();
+}
+
+int ric_conf_print_directives(FILE *out);
+
+int
+main(int argc, char **argv)
+{
+    const char *prefix = NULL, *file = NULL, *sig = NULL;
+    int test = 0, opt, rc;
+    char err[1024];
+    ric_conf_t *conf;
+    ric_log_t log;
+
+    if (argc == 2 && strcmp(argv[1], "--directives") == 0) {
+        return ric_conf_print_directives(stdout);
+    }
+    while ((opt = getopt(argc, argv, "hvtc:p:s:")) != -1) {
+        switch (opt) {
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'v':
+            print_versions();
+            return 0;
+        case 't':
+            test = 1;
+            break;
+        case 'c':
+            file = optarg;
+            break;
+        case 'p':
+            prefix = optarg;
+            break;
+        case 's':
+            sig = optarg;
+            break;
+        default:
+            usage(stderr);
+            return 1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ricochet: unexpected argument \"%s\"\n", argv[optind]);
+        usage(stderr);
+        return 1;
+    }
+
+    conf = ric_conf_load(prefix, file, err, sizeof(err));
+    if (conf == NULL) {
+        fprintf(stderr, "ricochet: %s\n", err);
+        if (test) {
+            fprintf(stderr, "ricochet: configuration file %s test failed\n",
+                    file ? file : "(default)");
+        }
+        return 1;
+    }
+    if (test) {
+        printf("ricochet: configuration file %s test is successful\n", conf->file);
+        ric_conf_free(conf);
+        return 0;
+    }
+    if (sig != NULL) {
+        rc = ric_process_signal(conf, sig);
+        ric_conf_free(conf);
+        return rc;
+    }
+
+    if (ric_log_open(&log, conf->error_log, (int) conf->error_log_level) != RIC_OK) {
+        fprintf(stderr, "ricochet: cannot open the error log \"%s\": %s\n", conf->error_log,
+                strerror(errno));
+        ric_conf_free(conf);
+        return 1;
+    }
+    ric_log_use(&log);
+    if (ric_process_bind(conf) != RIC_OK) {
+        ric_conf_free(conf);
+        return 1;
+    }
+    rc = ric_process_master(conf);
+    ric_conf_free(conf);
+    return rc;
+}

@@ -1,0 +1,68 @@
+/* ric_core.h: shared types, return codes and forward declarations for the core. */
+#ifndef RIC_CORE_H
+#define RIC_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#define RIC_VERSION "0.1.0"
+
+/* Integer results used across the core (nginx's convention). */
+#define RIC_OK 0
+#define RIC_ERROR -1
+#define RIC_AGAIN -2
+#define RIC_DONE -4
+#define RIC_DECLINED -5
+
+typedef unsigned char u_char;
+
+/* A borrowed byte span: never owns its data. */
+typedef struct {
+    const u_char *data;
+    size_t len;
+} ric_str_t;
+
+#define ric_string(s) { (const u_char *) (s), sizeof(s) - 1 }
+#define ric_null_string { NULL, 0 }
+
+typedef struct ric_log_s ric_log_t;
+typedef struct ric_conf_s ric_conf_t;
+typedef struct ric_http_conf_s ric_http_conf_t;
+typedef struct ric_server_conf_s ric_server_conf_t;
+typedef struct ric_location_conf_s ric_location_conf_t;
+typedef struct ric_upstream_conf_s ric_upstream_conf_t;
+typedef struct ric_listen_s ric_listen_t;
+typedef struct ric_http_msg_s ric_http_msg_t;
+typedef struct ric_http_chunked_s ric_http_chunked_t;
+typedef struct ric_conn_s ric_conn_t;
+typedef struct ric_buf_s ric_buf_t;
+typedef struct ric_worker_s ric_worker_t;
+
+/* Checks our own invariants only; never input from a peer, config or script. */
+#define ric_assert(expr)                                                   \
+    do {                                                                   \
+        if (!(expr)) {                                                     \
+            ric_assert_fail(#expr, __FILE__, __LINE__);                    \
+        }                                                                  \
+    } while (0)
+
+void ric_assert_fail(const char *expr, const char *file, int line)
+    __attribute__((noreturn));
+
+/* Small fixed allocations: abort on out-of-memory (STYLE.md, Errors). */
+void *ric_xmalloc(size_t n);
+void *ric_xcalloc(size_t count, size_t n);
+void *ric_xrealloc(void *p, size_t n);
+char *ric_xstrdup(const char *s);
+
+#define ric_nelems(a) (sizeof(a) / sizeof((a)[0]))
+#define ric_min(a, b) ((a) < (b) ? (a) : (b))
+#define ric_max(a, b) ((a) > (b) ? (a) : (b))
+
+/* Case-insensitive comparison of a span with a NUL-terminated lowercase literal. */
+int ric_str_eq_lower(ric_str_t s, const char *lower);
+
+#endif /* RIC_CORE_H */

@@ -1,0 +1,226 @@
+/* worker.c: a worker process: accepts on the inherited listeners and runs the event loop. */
+#include "worker.h"
+#include "conn.h"
+#include "log.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+ric_worker_t *ric_worker;
+
+#define ACCEPTS_PER_WAKE 64
+
+static void
+accept_enable(ric_worker_t *w, int on)
+{
+    size_t i;
+
+    if (w->accepting == on) {
+        return;
+    }
+    for (i = 0; i < w->naccept; i++) {
+        if (on) {
+            event_add(w->accept_events[i], NULL);
+        } else {
+            event_del(w->accept_events[i]);
+        }
+    }
+    w->accepting = on;
+}
+
+static void
+on_accept(evutil_socket_t fd, short what, void *arg)
+{
+    ric_listener_t *ls = arg;
+    ric_worker_t *w = ric_worker;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int i, cfd;
+
+    (void) what;
+    for (i = 0; i < ACCEPTS_PER_WAKE && w->accepting; i++) {
+        len = sizeof(ss);
+        cfd = accept4(fd, (struct sockaddr *) &ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd == -1) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED
+                || errno == EINTR) {
+                return; /* another worker took it, or the client gave up */
+            }
+            ric_log_error(RIC_LOG_ALERT, errno, "accept4() failed on %s", ls->text);
+            if (errno == EMFILE || errno == ENFILE) {
+                /* out of descriptors: pause accepting until one closes */
+                accept_enable(w, 0);
+            }
+            return;
+        }
+        ric_conn_accept(w, ls, cfd, (struct sockaddr *) &ss, len);
+    }
+}
+
+void
+ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c)
+{
+    c->prev = NULL;
+    c->next = w->conns;
+    if (w->conns) {
+        w->conns->prev = c;
+    }
+    w->conns = c;
+    if (++w->nconns >= w->conf->worker_connections) {
+        ric_log_error(RIC_LOG_WARN, 0, "%lld worker_connections are not enough",
+                      (long long) w->conf->worker_connections);
+        accept_enable(w, 0);
+    }
+}
+
+void
+ric_worker_conn_closed(ric_worker_t *w, ric_conn_t *c)
+{
+    if (c->prev) {
+        c->prev->next = c->next;
+    } else {
+        w->conns = c->next;
+    }
+    if (c->next) {
+        c->next->prev = c->prev;
+    }
+    w->nconns--;
+    if (w->shutting_down) {
+        if (w->nconns == 0) {
+            event_base_loopbreak(w->base);
+        }
+    } else if (w->nconns < w->conf->worker_connections) {
+        accept_enable(w, 1);
+    }
+}
+
+const char *
+ric_worker_date(ric_worker_t *w)
+{
+    struct timeval tv;
+    struct tm tm;
+
+    event_base_gettimeofday_cached(w->base, &tv);
+    if (tv.tv_sec != w->date_sec) {
+        w->date_sec = tv.tv_sec;
+        gmtime_r(&tv.tv_sec, &tm);
+        strftime(w->date, sizeof(w->date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    }
+    return w->date;
+}
+
+static void
+begin_graceful_shutdown(ric_worker_t *w)
+{
+    ric_conn_t *c, *next;
+    struct timeval tv;
+    size_t i;
+
+    if (w->shutting_down) {
+        return;
+    }
+    ric_log_error(RIC_LOG_NOTICE, 0, "gracefully shutting down");
+    accept_enable(w, 0);
+    w->shutting_down = 1;
+    for (i = 0; i < w->naccept; i++) {
+        close(event_get_fd(w->accept_events[i]));
+    }
+    for (c = w->conns; c; c = next) {
+        next = c->next;
+        ric_conn_shutdown(c);
+    }
+    if (w->nconns == 0) {
+        event_base_loopbreak(w->base);
+        return;
+    }
+    tv.tv_sec = (time_t) (w->conf->worker_shutdown_timeout / 1000);
+    tv.tv_usec = (suseconds_t) (w->conf->worker_shutdown_timeout % 1000) * 1000;
+    event_add(w->shutdown_timer, &tv);
+}
+
+static void
+on_shutdown_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    ric_worker_t *w = arg;
+
+    (void) fd;
+    (void) what;
+    ric_log_error(RIC_LOG_WARN, 0, "worker_shutdown_timeout: closing %lld connections",
+                  (long long) w->nconns);
+    event_base_loopbreak(w->base);
+}
+
+static void
+on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    ric_worker_t *w = arg;
+
+    (void) what;
+    switch (sig) {
+    case SIGTERM:
+    case SIGINT:
+        event_base_loopbreak(w->base);
+        break;
+    case SIGQUIT:
+        begin_graceful_shutdown(w);
+        break;
+    case SIGUSR1:
+        ric_log_reopen();
+        break;
+    }
+}
+
+int
+ric_worker_run(ric_conf_t *conf)
+{
+    static const int sigs[] = { SIGTERM, SIGINT, SIGQUIT, SIGUSR1 };
+    ric_worker_t *w = ric_xcalloc(1, sizeof(*w));
+    ric_listener_t *ls;
+    ric_conn_t *c;
+    size_t i, n = 0;
+
+    ric_worker = w;
+    w->conf = conf;
+    w->base = event_base_new();
+    if (w->base == NULL) {
+        ric_log_error(RIC_LOG_EMERG, 0, "event_base_new() failed");
+        return 1;
+    }
+    for (ls = conf->listeners; ls; ls = ls->next) {
+        n++;
+    }
+    w->accept_events = ric_xcalloc(n ? n : 1, sizeof(struct event *));
+    for (ls = conf->listeners; ls; ls = ls->next) {
+        w->accept_events[w->naccept++] =
+            event_new(w->base, ls->fd, EV_READ | EV_PERSIST, on_accept, ls);
+    }
+    for (i = 0; i < ric_nelems(sigs); i++) {
+        w->signals[i] = evsignal_new(w->base, sigs[i], on_signal, w);
+        event_add(w->signals[i], NULL);
+    }
+    w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
+    accept_enable(w, 1);
+
+    event_base_dispatch(w->base);
+
+    w->shutting_down = 1; /* closing the rest must not re-enable accepting */
+    while ((c = w->conns) != NULL) {
+        ric_conn_close(c);
+    }
+    for (i = 0; i < w->naccept; i++) {
+        event_free(w->accept_events[i]);
+    }
+    for (i = 0; i < ric_nelems(sigs); i++) {
+        event_free(w->signals[i]);
+    }
+    event_free(w->shutdown_timer);
+    event_base_free(w->base);
+    free(w->accept_events);
+    free(w);
+    ric_worker = NULL;
+    return 0;
+}

@@ -1,0 +1,39 @@
+/* worker.h: one worker process: its event loop, listeners, connections and shutdown. */
+#ifndef RIC_WORKER_H
+#define RIC_WORKER_H
+
+#include "ric_core.h"
+#include "conf.h"
+
+#include <event2/event.h>
+
+struct ric_worker_s {
+    struct event_base *base;
+    ric_conf_t *conf;
+    struct event **accept_events; /* one per listener */
+    size_t naccept;
+    int accepting;
+    int shutting_down; /* graceful: finish in-flight requests, then exit */
+    struct event *shutdown_timer;
+    struct event *signals[5];
+    ric_conn_t *conns; /* every open client connection */
+    int64_t nconns;
+    char date[40]; /* "Date" field value, refreshed once a second */
+    time_t date_sec;
+};
+
+/* The worker of this process (one per process). */
+extern ric_worker_t *ric_worker;
+
+/* Runs the worker loop on conf's listeners until told to stop; returns the
+ * process exit code. Called in the child right after fork. */
+int ric_worker_run(ric_conf_t *conf);
+
+/* A connection opened/closed: keeps the count and the accept switch right. */
+void ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c);
+void ric_worker_conn_closed(ric_worker_t *w, ric_conn_t *c);
+
+/* The current "Date" value (IMF-fixdate), cached per second. */
+const char *ric_worker_date(ric_worker_t *w);
+
+#endif /* RIC_WORKER_H */
