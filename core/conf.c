@@ -36,6 +36,14 @@ report(ric_conf_parse_t *cf, int line, const char *reason)
     snprintf(cf->err, cf->errlen, "%s:%d: %s", cf->file, line, reason);
 }
 
+/* The line to blame at the end of the text: the last line, not the empty
+ * one after its newline. */
+static int
+eof_line(ric_conf_parse_t *cf)
+{
+    return cf->line > 1 && cf->pos > cf->start && cf->pos[-1] == '\n' ? cf->line - 1 : cf->line;
+}
+
 static int
 is_space(int c)
 {
@@ -126,7 +134,7 @@ read_statement(ric_conf_parse_t *cf)
         }
         if (cf->pos == cf->end) {
             if (cf->nargs > 0) {
-                report(cf, cf->line, "unexpected end of file, expecting \";\" or \"}\"");
+                report(cf, eof_line(cf), "unexpected end of file, expecting \";\" or \"}\"");
                 return TOK_ERROR;
             }
             return TOK_EOF;
@@ -242,7 +250,7 @@ parse_statements(ric_conf_parse_t *cf, int in_block)
             return RIC_ERROR;
         case TOK_EOF:
             if (in_block) {
-                report(cf, cf->line, "unexpected end of file, expecting \"}\"");
+                report(cf, eof_line(cf), "unexpected end of file, expecting \"}\"");
                 return RIC_ERROR;
             }
             return RIC_OK;
@@ -272,16 +280,18 @@ static int
 parse_text(ric_conf_parse_t *cf, const char *file, const char *text, size_t len)
 {
     const char *saved_file = cf->file, *saved_pos = cf->pos, *saved_end = cf->end;
+    const char *saved_start = cf->start;
     int saved_line = cf->line, rc;
 
     cf->file = file;
-    cf->pos = text;
+    cf->pos = cf->start = text;
     cf->end = text + len;
     cf->line = 1;
     rc = parse_statements(cf, 0);
     cf->file = saved_file;
     cf->pos = saved_pos;
     cf->end = saved_end;
+    cf->start = saved_start;
     cf->line = saved_line;
     return rc;
 }

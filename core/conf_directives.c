@@ -181,7 +181,7 @@ set_include(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     if (!has_glob(pattern)) {
         return ric_conf_parse_file(cf, pattern) == RIC_OK ? NULL : ric_conf_reported;
     }
-    rc = glob(pattern, GLOB_ERR, NULL, &g);
+    rc = glob(pattern, 0, NULL, &g);
     if (rc == GLOB_NOMATCH) {
         return NULL; /* like nginx: a pattern may match nothing */
     }

@@ -34,7 +34,7 @@ struct ric_conf_parse_s {
     /* where we are */
     const char *file;
     int line;
-    const char *pos, *end;
+    const char *start, *pos, *end;
     int include_depth;
 
     /* the current context */

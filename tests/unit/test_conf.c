@@ -1,0 +1,334 @@
+/* test_conf.c: the config grammar, values, defaults, inheritance and every kind of error. */
+#include "../../core/conf.c"
+#include "unit.h"
+
+#include <stdio.h>
+#include <sys/stat.h>
+
+static char dir[256];
+
+static void
+write_file(const char *name, const char *text)
+{
+    char path[512];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Loads text as DIR/t.conf; returns the conf (or NULL) and the error. */
+static ric_conf_t *
+load(const char *text, char *err, size_t errlen)
+{
+    write_file("t.conf", text);
+    return ric_conf_load(dir, "t.conf", err, errlen);
+}
+
+/* Asserts that text fails with exactly "DIR/t.conf:LINE: reason". */
+static void
+check_error(const char *name, const char *text, int line, const char *reason)
+{
+    char err[1024], want[1024];
+    ric_conf_t *conf;
+
+    UNIT_CASE(name);
+    conf = load(text, err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    ric_conf_free(conf);
+    snprintf(want, sizeof(want), "%s/t.conf:%d: %s", dir, line, reason);
+    UNIT_CHECK_STR(err, want);
+}
+
+static void
+test_errors(void)
+{
+    check_error("unknown directive", "worker_processes 1;\nfoo bar;\n", 2,
+                "unknown directive \"foo\"");
+    check_error("wrong context", "http {\n  worker_processes 2;\n}\n", 2,
+                "\"worker_processes\" directive is not allowed here");
+    check_error("location outside server", "http {\n location / {}\n}\n", 2,
+                "\"location\" directive is not allowed here");
+    check_error("listen in http", "http {\n listen 80;\n}\n", 2,
+                "\"listen\" directive is not allowed here");
+    check_error("too many args", "worker_processes 1 2;\n", 1,
+                "invalid number of arguments in \"worker_processes\" directive");
+    check_error("too few args", "http {\n server {\n  listen;\n }\n}\n", 3,
+                "invalid number of arguments in \"listen\" directive");
+    check_error("block without brace", "http;\n", 1, "directive \"http\" has no opening \"{\"");
+    check_error("value with brace", "worker_processes 1 {\n}\n", 1,
+                "directive \"worker_processes\" is not terminated by \";\"");
+    check_error("bad size", "http {\n client_max_body_size 10x;\n}\n", 2,
+                "invalid value \"10x\" in \"client_max_body_size\" directive, expected a size "
+                "like 512, 64k, 1m, 1g");
+    check_error("negative size", "http {\n client_max_body_size -1;\n}\n", 2,
+                "invalid value \"-1\" in \"client_max_body_size\" directive, expected a size "
+                "like 512, 64k, 1m, 1g");
+    check_error("bad time", "http {\n keepalive_timeout 5 s;\n}\n", 2,
+                "invalid number of arguments in \"keepalive_timeout\" directive");
+    check_error("bad time unit", "http {\n send_timeout 5y;\n}\n", 2,
+                "invalid value \"5y\" in \"send_timeout\" directive, expected a time like "
+                "500ms, 30s, 1m30s, 2h");
+    check_error("bad workers", "worker_processes many;\n", 1,
+                "invalid value \"many\" in \"worker_processes\" directive, expected \"auto\" "
+                "or a number from 1 to 1024");
+    check_error("bad flag", "daemon yes;\n", 1,
+                "invalid value \"yes\" in \"daemon\" directive, it must be \"on\" or \"off\"");
+    check_error("duplicate", "worker_processes 1;\n\nworker_processes 2;\n", 3,
+                "\"worker_processes\" directive is duplicate");
+    check_error("duplicate listen",
+                "http {\n server {\n  listen 127.0.0.1:8080;\n  listen 127.0.0.1:8080;\n }\n}\n",
+                4, "duplicate listen 127.0.0.1:8080");
+    check_error("duplicate default server",
+                "http {\n server {\n  listen 127.0.0.1:8080 default_server;\n }\n"
+                " server {\n  listen 127.0.0.1:8080 default_server;\n }\n}\n",
+                5, "a duplicate default server for 127.0.0.1:8080");
+    check_error("bad port", "http {\n server {\n  listen 127.0.0.1:99999;\n }\n}\n", 3,
+                "invalid port in \"127.0.0.1:99999\"");
+    check_error("hostname in listen", "http {\n server {\n  listen localhost:80;\n }\n}\n", 3,
+                "invalid address \"localhost:80\" in \"listen\": expected an IP address");
+    check_error("bad listen param", "http {\n server {\n  listen 80 fast;\n }\n}\n", 3,
+                "invalid parameter \"fast\" in \"listen\" directive");
+    check_error("server without listen", "http {\n\n server {\n  server_name a;\n }\n}\n", 3,
+                "server has no \"listen\" directive");
+    check_error("missing semicolon at eof", "worker_processes 1", 1,
+                "unexpected end of file, expecting \";\" or \"}\"");
+    check_error("missing brace at eof", "http {\n server {\n listen 80;\n }\n", 4,
+                "unexpected end of file, expecting \"}\"");
+    check_error("stray brace", "worker_processes 1;\n}\n", 2, "unexpected \"}\"");
+    check_error("stray semicolon", "http {\n ;\n}\n", 2, "unexpected \";\"");
+    check_error("unterminated quote", "error_log \"x\n\n", 3,
+                "unexpected end of file, expecting \"\"\"");
+    check_error("garbage after quote", "error_log \"a\"b;\n", 1,
+                "unexpected \"b\" after a quoted string");
+    check_error("bad log level", "error_log stderr loud;\n", 1,
+                "invalid log level \"loud\"; expected one of debug, info, notice, warn, "
+                "error, crit, alert, emerg");
+    check_error("regex location", "http {\n server {\n  listen 80;\n  location ~ ^/a {}\n }\n}\n",
+                4, "regular expression locations are not supported; use \"=\" or a prefix");
+    check_error("duplicate location",
+                "http {\n server {\n  listen 80;\n  location /a {}\n  location /a {}\n }\n}\n", 5,
+                "duplicate location \"/a\"");
+    check_error("location without slash",
+                "http {\n server {\n  listen 80;\n  location a {}\n }\n}\n", 4,
+                "invalid location \"a\" in \"location\" directive, it must start with \"/\"");
+    check_error("duplicate upstream", "http {\n upstream u { server 127.0.0.1:1; }\n"
+                " upstream u { server 127.0.0.1:2; }\n}\n", 3, "duplicate upstream \"u\"");
+    check_error("empty upstream", "http {\n upstream u {\n }\n}\n", 2,
+                "no servers in upstream \"u\"");
+    check_error("upstream server weight", "http {\n upstream u {\n  server 127.0.0.1:1 weight=0;\n"
+                " }\n}\n", 3, "invalid \"weight=0\": weight is 1 to 1000");
+    check_error("upstream server param", "http {\n upstream u {\n  server 127.0.0.1:1 backup;\n"
+                " }\n}\n", 3, "invalid parameter \"backup\"");
+    check_error("duplicate in location",
+                "http {\n server {\n  listen 80;\n  location / {\n   send_timeout 1s;\n"
+                "   send_timeout 2s;\n  }\n }\n}\n", 6, "\"send_timeout\" directive is duplicate");
+    check_error("header timeout in location",
+                "http {\n server {\n  listen 80;\n  location / {\n   client_header_timeout 1s;\n"
+                "  }\n }\n}\n", 5, "\"client_header_timeout\" directive is not allowed here");
+}
+
+static void
+test_include(void)
+{
+    char err[1024], want[1024];
+    ric_conf_t *conf;
+
+    UNIT_CASE("include with glob, in order, relative to the prefix");
+    snprintf(want, sizeof(want), "%s/inc", dir);
+    mkdir(want, 0755);
+    write_file("inc/a.conf", "server { listen 127.0.0.1:1001; server_name a; }\n");
+    write_file("inc/b.conf", "server { listen 127.0.0.1:1002; server_name b; }\n");
+    conf = load("http {\n include inc/*.conf;\n}\n", err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf) {
+        UNIT_CHECK_STR(conf->http->servers->names[0], "a");
+        UNIT_CHECK_STR(conf->http->servers->next->names[0], "b");
+        ric_conf_free(conf);
+    }
+
+    UNIT_CASE("an error inside an included file names that file");
+    write_file("inc/c.conf", "\n\nbogus;\n");
+    conf = load("http {\n include inc/c.conf;\n}\n", err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    snprintf(want, sizeof(want), "%s/inc/c.conf:3: unknown directive \"bogus\"", dir);
+    UNIT_CHECK_STR(err, want);
+
+    UNIT_CASE("a missing include without wildcards is an error");
+    conf = load("http {\n\n include nothere.conf;\n}\n", err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    snprintf(want, sizeof(want), "%s/t.conf:3: cannot open \"%s/nothere.conf\": "
+             "No such file or directory", dir, dir);
+    UNIT_CHECK_STR(err, want);
+
+    UNIT_CASE("a glob matching nothing is fine");
+    conf = load("http {\n include none/*.conf;\n server { listen 127.0.0.1:1; }\n}\n", err,
+                sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    ric_conf_free(conf);
+
+    UNIT_CASE("include loops are caught");
+    write_file("loop.conf", "include loop.conf;\n");
+    conf = load("include loop.conf;\n", err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    UNIT_CHECK(strstr(err, "includes nested too deeply") != NULL);
+
+    UNIT_CASE("a missing config file");
+    conf = ric_conf_load(dir, "absent.conf", err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    snprintf(want, sizeof(want), "%s/absent.conf: cannot open: No such file or directory", dir);
+    UNIT_CHECK_STR(err, want);
+}
+
+static void
+test_values(void)
+{
+    int64_t v;
+
+    UNIT_CASE("sizes");
+    UNIT_CHECK(ric_conf_parse_size("0", &v) == RIC_OK && v == 0);
+    UNIT_CHECK(ric_conf_parse_size("512", &v) == RIC_OK && v == 512);
+    UNIT_CHECK(ric_conf_parse_size("64k", &v) == RIC_OK && v == 65536);
+    UNIT_CHECK(ric_conf_parse_size("64K", &v) == RIC_OK && v == 65536);
+    UNIT_CHECK(ric_conf_parse_size("1m", &v) == RIC_OK && v == 1048576);
+    UNIT_CHECK(ric_conf_parse_size("2g", &v) == RIC_OK && v == 2147483648LL);
+    UNIT_CHECK(ric_conf_parse_size("", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_size("k", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_size("1.5m", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_size("-1", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_size("99999999999g", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_size("10mb", &v) == RIC_ERROR);
+
+    UNIT_CASE("times");
+    UNIT_CHECK(ric_conf_parse_time("500ms", &v) == RIC_OK && v == 500);
+    UNIT_CHECK(ric_conf_parse_time("30", &v) == RIC_OK && v == 30000);
+    UNIT_CHECK(ric_conf_parse_time("30s", &v) == RIC_OK && v == 30000);
+    UNIT_CHECK(ric_conf_parse_time("2m", &v) == RIC_OK && v == 120000);
+    UNIT_CHECK(ric_conf_parse_time("1h", &v) == RIC_OK && v == 3600000);
+    UNIT_CHECK(ric_conf_parse_time("1d", &v) == RIC_OK && v == 86400000);
+    UNIT_CHECK(ric_conf_parse_time("1m30s", &v) == RIC_OK && v == 90000);
+    UNIT_CHECK(ric_conf_parse_time("1h30m5s250ms", &v) == RIC_OK && v == 5405250);
+    UNIT_CHECK(ric_conf_parse_time("30s1m", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("1s1s", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("s", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("-1s", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("1.5s", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("5y", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_time("99999999999999999d", &v) == RIC_ERROR);
+
+    UNIT_CASE("numbers");
+    UNIT_CHECK(ric_conf_parse_number("9223372036854775807", &v) == RIC_OK);
+    UNIT_CHECK(ric_conf_parse_number("9223372036854775808", &v) == RIC_ERROR);
+    UNIT_CHECK(ric_conf_parse_number("+1", &v) == RIC_ERROR);
+}
+
+static void
+test_grammar_and_inheritance(void)
+{
+    char err[1024];
+    ric_conf_t *conf;
+    ric_server_conf_t *s;
+
+    UNIT_CASE("quotes, escapes, comments and defaults");
+    conf = load("# a comment\n"
+                "worker_processes \"3\"; # trailing comment\n"
+                "error_log 'err\\'s.log' warn;\n"
+                "http {\n"
+                "  keepalive_timeout 10s;\n"
+                "  server {\n"
+                "    listen 127.0.0.1:8081 default_server;\n"
+                "    server_name Example.COM *.example.org;\n"
+                "    client_max_body_size 2m;\n"
+                "    location / { send_timeout 5s; }\n"
+                "    location = /exact { keepalive_timeout 1s; }\n"
+                "  }\n"
+                "}\n",
+                err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf == NULL) {
+        fprintf(stderr, "  error: %s\n", err);
+        return;
+    }
+    UNIT_CHECK_INT(conf->worker_processes, 3);
+    UNIT_CHECK(strstr(conf->error_log, "/err's.log") != NULL);
+    UNIT_CHECK_INT(conf->error_log_level, RIC_LOG_WARN);
+    UNIT_CHECK_STR(conf->pid_path, "off");
+    UNIT_CHECK_INT(conf->worker_connections, 1024);
+    UNIT_CHECK_INT(conf->daemon, 0);
+    s = conf->http->servers;
+    UNIT_CHECK_STR(s->names[0], "example.com");
+    UNIT_CHECK_STR(s->names[1], "*.example.org");
+    UNIT_CHECK_INT(conf->http->settings.client_header_timeout, 60000);
+    UNIT_CHECK_INT(conf->http->settings.client_max_body_size, 1048576);
+    UNIT_CHECK_INT(s->settings.keepalive_timeout, 10000);      /* from http */
+    UNIT_CHECK_INT(s->settings.client_max_body_size, 2097152); /* its own */
+    UNIT_CHECK_INT(s->locations->settings.send_timeout, 5000);
+    UNIT_CHECK_INT(s->locations->settings.client_max_body_size, 2097152); /* from server */
+    UNIT_CHECK_INT(s->locations->next->exact, 1);
+    UNIT_CHECK_INT(s->locations->next->settings.keepalive_timeout, 1000);
+    UNIT_CHECK_INT(s->locations->next->settings.send_timeout, 60000); /* default */
+    UNIT_CHECK(conf->listeners != NULL && conf->listeners->default_server == s);
+    ric_conf_free(conf);
+
+    UNIT_CASE("servers sharing an address share one listener");
+    conf = load("http {\n"
+                "  server { listen 127.0.0.1:9000; server_name a; }\n"
+                "  server { listen 127.0.0.1:9000 default_server; server_name b; }\n"
+                "  server { listen 127.0.0.1:9001; listen [::1]:9000; }\n"
+                "  upstream api { server 127.0.0.1:7000 weight=3 max_fails=2 fail_timeout=5s;"
+                " server [::1]:7001; keepalive 8; }\n"
+                "}\n", err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf == NULL) {
+        fprintf(stderr, "  error: %s\n", err);
+        return;
+    }
+    UNIT_CHECK_STR(conf->listeners->text, "127.0.0.1:9000");
+    UNIT_CHECK_STR(conf->listeners->default_server->names[0], "b");
+    UNIT_CHECK_STR(conf->listeners->next->text, "127.0.0.1:9001");
+    UNIT_CHECK_STR(conf->listeners->next->next->text, "[::1]:9000");
+    UNIT_CHECK(conf->listeners->next->next->next == NULL);
+    UNIT_CHECK_STR(conf->http->upstreams->servers->host, "127.0.0.1");
+    UNIT_CHECK_INT(conf->http->upstreams->servers->weight, 3);
+    UNIT_CHECK_INT(conf->http->upstreams->servers->max_fails, 2);
+    UNIT_CHECK_INT(conf->http->upstreams->servers->fail_timeout, 5000);
+    UNIT_CHECK_STR(conf->http->upstreams->servers->next->host, "::1");
+    UNIT_CHECK_INT(conf->http->upstreams->keepalive, 8);
+    UNIT_CHECK_INT(conf->http->upstreams->keepalive_timeout, 60000);
+    ric_conf_free(conf);
+
+    UNIT_CASE("the embedded default loads");
+    conf = ric_conf_load("/nonexistent-prefix", NULL, err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf) {
+        UNIT_CHECK_STR(conf->file, "(embedded default)");
+        UNIT_CHECK_STR(conf->listeners->text, "127.0.0.1:8080");
+        ric_conf_free(conf);
+    }
+}
+
+int
+main(void)
+{
+    char cmd[300];
+    int rc;
+
+    snprintf(dir, sizeof(dir), "/tmp/ric_test_conf.XXXXXX");
+    if (mkdtemp(dir) == NULL) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_values();
+    test_errors();
+    test_include();
+    test_grammar_and_inheritance();
+    rc = UNIT_DONE("conf");
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "could not remove %s\n", dir);
+    }
+    return rc;
+}
