@@ -64,7 +64,7 @@ $(BUILD)/test_%: tests/unit/test_%.c tests/unit/unit.h $(CORE_OBJ)
 # Replays the fuzz corpora through the fuzz targets without libFuzzer, so
 # the plain test suite runs them too.
 $(BUILD)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_OBJ)
-	$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -o $@ $< tests/fuzz/replay.c $(filter-out $(BUILD)/obj/$*.o,$(CORE_OBJ)) $(LDFLAGS) $(LIBS)
+	$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -o $@ $< tests/fuzz/replay.c $(CORE_OBJ) $(LDFLAGS) $(LIBS)
 
 $(BUILD)/obj:
 	mkdir -p $@
@@ -79,13 +79,13 @@ asan:
 	$(MAKE) BUILD=build/asan SAN=1 test
 
 FUZZ_SECONDS ?= 60
-fuzz:
+fuzz: $(BUILD)/default_conf.c
 	@sh contrib/deps.sh fuzz
 	@mkdir -p $(BUILD)/fuzz
 	@set -e; for f in $(FUZZ_SRC); do \
 	    name=$$(basename $$f .c); \
 	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Icore \
-	        $(PKG_CFLAGS) -o $(BUILD)/fuzz/$$name $$f $(CORE_SRC) $(BUILD)/default_conf.c $(PKG_LIBS) -lm; \
+	        -I$(BUILD) $(PKG_CFLAGS) -o $(BUILD)/fuzz/$$name $$f $(CORE_SRC) $(BUILD)/default_conf.c $(PKG_LIBS) -lm; \
 	    corpus=tests/fuzz/corpus/$${name#fuzz_}; work=$(BUILD)/fuzz/$$name.corpus; \
 	    rm -rf $$work; mkdir -p $$work; \
 	    echo "fuzzing $$name for $(FUZZ_SECONDS)s"; \

@@ -107,15 +107,6 @@ ric_conn_close(ric_conn_t *c)
     free(c);
 }
 
-void
-ric_conn_shutdown(ric_conn_t *c)
-{
-    if (c->state == RIC_CONN_HEAD && c->in_len == 0) {
-        ric_conn_close(c);
-        return;
-    }
-    c->close_after = 1;
-}
 
 /* Makes room for n more bytes of output. */
 static void
@@ -375,6 +366,8 @@ request_finish(ric_conn_t *c)
     size_t used = c->in_used ? c->in_used : c->msg.head_len;
 
     c->requests++;
+    /* the idle wait follows the route that answered, not the defaults */
+    c->keepalive_timeout = c->settings->keepalive_timeout;
     if (used > 0 && used <= c->in_len) {
         in_discard(c, 0, used);
     }
@@ -400,7 +393,7 @@ conn_run(ric_conn_t *c)
             if (c->in_len == 0) {
                 if (c->requests > 0) {
                     /* idle between requests: keepalive_timeout applies */
-                    tv = ms_to_tv(c->settings->keepalive_timeout);
+                    tv = ms_to_tv(c->keepalive_timeout);
                     event_add(c->rev, &tv);
                 } else {
                     arm_read(c, c->read_deadline);
@@ -472,6 +465,28 @@ conn_run(ric_conn_t *c)
             return;
         }
     }
+}
+
+void
+ric_conn_shutdown(ric_conn_t *c)
+{
+    ssize_t n;
+
+    c->close_after = 1;
+    if (c->state != RIC_CONN_HEAD || c->in_len > 0) {
+        return; /* in flight: closes once answered */
+    }
+    /* idle, unless a request arrived that the loop has not read yet: such
+     * a client already sent its request and deserves an answer */
+    n = read_some(c);
+    if (n > 0) {
+        if (c->requests > 0) {
+            c->read_deadline = now_ms() + c->settings->client_header_timeout;
+        }
+        conn_run(c);
+        return;
+    }
+    ric_conn_close(c);
 }
 
 static void

@@ -40,7 +40,8 @@ struct ric_conn_s {
     /* the current request's route */
     ric_server_conf_t *server;
     const ric_http_settings_t *settings;
-    int64_t requests; /* served on this connection */
+    int64_t requests;          /* served on this connection */
+    int64_t keepalive_timeout; /* ms, of the route that answered last */
 
     /* output */
     u_char *out;
