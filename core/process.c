@@ -151,7 +151,7 @@ reap_workers(worker_slot_t *slots, int n, int stopping)
             continue;
         }
         slots[i].pid = 0;
-        if (stopping) {
+        if (stopping && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
             ric_log_error(RIC_LOG_NOTICE, 0, "worker process %d exited", (int) pid);
             continue;
         }
@@ -161,6 +161,9 @@ reap_workers(worker_slot_t *slots, int n, int stopping)
         } else {
             ric_log_error(RIC_LOG_ALERT, 0, "worker process %d exited with code %d",
                           (int) pid, WEXITSTATUS(status));
+        }
+        if (stopping) {
+            continue;
         }
         now = now_ms();
         slots[i].respawn_at = now - slots[i].started_ms < RESPAWN_MIN_INTERVAL_MS
