@@ -39,7 +39,58 @@ typedef struct {
     int64_t send_timeout;
     int64_t client_max_body_size;
     int64_t keepalive_requests;
+    int64_t client_body_buffer_size;
+    int64_t proxy_connect_timeout;
+    int64_t proxy_send_timeout;
+    int64_t proxy_read_timeout;
 } ric_http_settings_t;
+
+/* What a "$name" in a proxy_set_header value stands for. */
+typedef enum {
+    RIC_VAR_LITERAL = 0,
+    RIC_VAR_HOST,        /* the request's Host, without port */
+    RIC_VAR_HTTP_HOST,   /* the request's Host as sent */
+    RIC_VAR_REMOTE_ADDR, /* the client's IP address */
+    RIC_VAR_REMOTE_PORT,
+    RIC_VAR_SCHEME,      /* "http" */
+    RIC_VAR_PROXY_HOST,  /* the proxy_pass host[:port] or upstream name */
+    RIC_VAR_REQUEST_URI, /* the request target as sent */
+    RIC_VAR_REQUEST_METHOD,
+    RIC_VAR_PROXY_ADD_XFF, /* X-Forwarded-For of the request plus the client */
+    RIC_VAR_HTTP          /* $http_NAME: a request header */
+} ric_var_t;
+
+typedef struct ric_template_part_s ric_template_part_t;
+struct ric_template_part_s {
+    ric_var_t var;
+    char *text; /* the literal, or the lowercase field name of $http_NAME */
+    size_t len;
+    ric_template_part_t *next;
+};
+
+/* One proxy_set_header. An empty value removes the header. */
+typedef struct ric_header_set_s ric_header_set_t;
+struct ric_header_set_s {
+    char *name;
+    ric_template_part_t *value; /* NULL: the empty value */
+    ric_header_set_t *next;
+};
+
+/* An access log destination; several routes may share one. */
+typedef struct ric_access_log_s ric_access_log_t;
+struct ric_access_log_s {
+    char *path; /* resolved file, "stdout", "stderr" or "off" */
+    int fd;     /* opened by the master; -1 when off or not yet open */
+    ric_access_log_t *next;
+};
+
+/* Inherited settings that are not numbers: NULL means unset. proxy_set_header
+ * is inherited only by a level that sets none itself (as in nginx). */
+typedef struct {
+    ric_header_set_t *headers;
+    ric_access_log_t *access_log;
+    char *body_temp_path;
+} ric_http_refs_t;
 
 struct ric_location_conf_s {
     char *path;
@@ -47,6 +98,11 @@ struct ric_location_conf_s {
     const char *file;
     int line;
     ric_http_settings_t settings;
+    ric_http_refs_t refs;
+    ric_upstream_conf_t *upstream; /* proxy_pass target; NULL: none */
+    char *proxy_pass;              /* as written, for errors */
+    const char *proxy_pass_file;
+    int proxy_pass_line;
     ric_location_conf_t *next;
 };
 
@@ -68,6 +124,7 @@ struct ric_server_conf_s {
     ric_listen_t *listens;
     ric_location_conf_t *locations;
     ric_http_settings_t settings;
+    ric_http_refs_t refs;
     const char *file;
     int line;
     ric_server_conf_t *next;
@@ -75,6 +132,8 @@ struct ric_server_conf_s {
 
 typedef struct ric_upstream_server_s ric_upstream_server_t;
 
+/* One address of an upstream server: a name that resolves to several
+ * addresses gives one entry each. */
 struct ric_upstream_server_s {
     char *host;
     char *port;
@@ -82,11 +141,20 @@ struct ric_upstream_server_s {
     int weight;
     int max_fails;
     int64_t fail_timeout;
+    struct sockaddr_storage addr; /* resolved when the config is loaded */
+    socklen_t addrlen;
+    char *addr_text;              /* "127.0.0.1:9000", for logs */
+    const char *file;
+    int line;
     ric_upstream_server_t *next;
 };
 
 struct ric_upstream_conf_s {
     char *name;
+    char *host_header; /* $proxy_host: the name, or host:port of an implicit upstream */
+    int implicit;      /* made by "proxy_pass http://host:port" */
+    int index;         /* position among the http block's upstreams */
+    int nservers;
     ric_upstream_server_t *servers;
     int64_t keepalive;         /* idle connections kept per worker */
     int64_t keepalive_timeout; /* ms */
@@ -97,8 +165,11 @@ struct ric_upstream_conf_s {
 
 struct ric_http_conf_s {
     ric_http_settings_t settings;
+    ric_http_refs_t refs;
     ric_server_conf_t *servers;
     ric_upstream_conf_t *upstreams;
+    int nupstreams;
+    ric_access_log_t *access_logs; /* every distinct destination */
 };
 
 /* An address every worker accepts on: the union of the servers' listens. */

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define SETTINGS(field) offsetof(ric_http_settings_t, field)
@@ -536,9 +537,233 @@ set_upstream_server(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
             return ric_conf_reason(cf, "invalid parameter \"%s\"", a);
         }
     }
+    s->file = cf->file;
+    s->line = cf->directive_line;
     for (tail = &u->servers; *tail; tail = &(*tail)->next) {
     }
     *tail = s;
+    u->nservers++;
+    return NULL;
+}
+
+static ric_http_refs_t *
+current_refs(ric_conf_parse_t *cf)
+{
+    switch (cf->ctx) {
+    case RIC_CONF_HTTP: return &cf->conf->http->refs;
+    case RIC_CONF_SRV: return &cf->server->refs;
+    case RIC_CONF_LOC: return &cf->location->refs;
+    }
+    return NULL;
+}
+
+static const char *
+set_proxy_pass(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_location_conf_t *l = cf->location;
+    const char *url = cf->args[1], *rest;
+
+    (void) conf;
+    if (l->proxy_pass != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    if (strncasecmp(url, "https://", 8) == 0) {
+        return ric_conf_reason(cf, "https upstreams are not supported yet: \"%s\"", url);
+    }
+    if (strncasecmp(url, "http://", 7) != 0) {
+        return ric_conf_reason(cf, "invalid URL \"%s\" in \"%s\": it must start with http://",
+                               url, cmd->name);
+    }
+    rest = url + 7;
+    if (*rest == '\0' || *rest == '/') {
+        return ric_conf_reason(cf, "invalid URL \"%s\" in \"%s\": no host", url, cmd->name);
+    }
+    if (strchr(rest, '/') != NULL) {
+        return ric_conf_reason(cf, "a URI in \"%s\" is not supported: \"%s\"; the request's "
+                               "own path is passed on", cmd->name, url);
+    }
+    l->proxy_pass = ric_pstrdup(cf->pool, rest);
+    l->proxy_pass_file = cf->file;
+    l->proxy_pass_line = cf->directive_line;
+    return NULL;
+}
+
+static const struct {
+    const char *name;
+    ric_var_t var;
+} variables[] = {
+    { "host", RIC_VAR_HOST },
+    { "http_host", RIC_VAR_HTTP_HOST },
+    { "remote_addr", RIC_VAR_REMOTE_ADDR },
+    { "remote_port", RIC_VAR_REMOTE_PORT },
+    { "scheme", RIC_VAR_SCHEME },
+    { "proxy_host", RIC_VAR_PROXY_HOST },
+    { "request_uri", RIC_VAR_REQUEST_URI },
+    { "request_method", RIC_VAR_REQUEST_METHOD },
+    { "proxy_add_x_forwarded_for", RIC_VAR_PROXY_ADD_XFF },
+};
+
+static int
+is_var_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
+           || ch == '_';
+}
+
+/* Splits a value into literal text and $variables ("${name}" works too). */
+static const char *
+parse_template(ric_conf_parse_t *cf, const char *v, ric_template_part_t **out)
+{
+    ric_template_part_t *head = NULL, **tail = &head, *part;
+    const char *p = v, *start, *name;
+    size_t nlen, i;
+
+    while (*p) {
+        part = ric_pcalloc(cf->pool, sizeof(*part));
+        if (*p != '$') {
+            start = p;
+            while (*p && *p != '$') {
+                p++;
+            }
+            part->var = RIC_VAR_LITERAL;
+            part->text = ric_pstrndup(cf->pool, start, (size_t) (p - start));
+            part->len = (size_t) (p - start);
+        } else {
+            p++;
+            if (*p == '{') {
+                name = ++p;
+                while (is_var_char(*p)) {
+                    p++;
+                }
+                if (*p != '}') {
+                    return ric_conf_reason(cf, "invalid variable in \"%s\": missing \"}\"", v);
+                }
+                nlen = (size_t) (p++ - name);
+            } else {
+                name = p;
+                while (is_var_char(*p)) {
+                    p++;
+                }
+                nlen = (size_t) (p - name);
+            }
+            if (nlen == 0) {
+                return ric_conf_reason(cf, "invalid variable name in \"%s\"", v);
+            }
+            if (nlen > 5 && strncmp(name, "http_", 5) == 0) {
+                /* $http_x_request_id is the field X-Request-Id */
+                part->var = RIC_VAR_HTTP;
+                part->text = ric_pstrndup(cf->pool, name + 5, nlen - 5);
+                part->len = nlen - 5;
+                for (i = 0; i < part->len; i++) {
+                    char ch = part->text[i];
+                    part->text[i] = ch == '_' ? '-' : (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
+                }
+            } else {
+                for (i = 0; i < ric_nelems(variables); i++) {
+                    if (strlen(variables[i].name) == nlen
+                        && strncmp(variables[i].name, name, nlen) == 0) {
+                        part->var = variables[i].var;
+                        break;
+                    }
+                }
+                if (i == ric_nelems(variables)) {
+                    return ric_conf_reason(cf, "unknown variable \"$%.*s\"", (int) nlen, name);
+                }
+            }
+        }
+        *tail = part;
+        tail = &part->next;
+    }
+    *out = head;
+    return NULL;
+}
+
+static const char *
+set_proxy_set_header(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_refs_t *refs = current_refs(cf);
+    ric_header_set_t *h, **tail;
+    const char *p, *reason;
+
+    (void) conf;
+    for (p = cf->args[1]; *p; p++) {
+        if (!is_var_char(*p) && !strchr("!#$%&'*+-.^`|~", *p)) {
+            break;
+        }
+    }
+    if (*p != '\0' || cf->args[1][0] == '\0') {
+        return ric_conf_reason(cf, "invalid header name \"%s\" in \"%s\"", cf->args[1],
+                               cmd->name);
+    }
+    for (p = cf->args[2]; *p; p++) {
+        if ((u_char) *p < 0x20 && *p != '\t') {
+            return ric_conf_reason(cf, "invalid header value in \"%s\": control characters "
+                                   "are not allowed", cmd->name);
+        }
+    }
+    h = ric_pcalloc(cf->pool, sizeof(*h));
+    h->name = ric_pstrdup(cf->pool, cf->args[1]);
+    reason = parse_template(cf, cf->args[2], &h->value);
+    if (reason != NULL) {
+        return reason;
+    }
+    for (tail = &refs->headers; *tail; tail = &(*tail)->next) {
+        if (strcasecmp((*tail)->name, h->name) == 0) {
+            return ric_conf_reason(cf, "header \"%s\" is set twice", h->name);
+        }
+    }
+    *tail = h;
+    return NULL;
+}
+
+static ric_access_log_t *
+access_log_for(ric_conf_parse_t *cf, const char *arg)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    ric_access_log_t *a;
+    char *path;
+
+    if (strcmp(arg, "off") == 0 || strcmp(arg, "stdout") == 0 || strcmp(arg, "stderr") == 0) {
+        path = ric_pstrdup(cf->pool, arg);
+    } else {
+        path = ric_conf_full_path(cf->pool, cf->conf->prefix, arg);
+    }
+    for (a = http->access_logs; a; a = a->next) {
+        if (strcmp(a->path, path) == 0) {
+            return a;
+        }
+    }
+    a = ric_pcalloc(cf->pool, sizeof(*a));
+    a->path = path;
+    a->fd = -1;
+    a->next = http->access_logs;
+    http->access_logs = a;
+    return a;
+}
+
+static const char *
+set_access_log(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_refs_t *refs = current_refs(cf);
+
+    (void) conf;
+    if (refs->access_log != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    refs->access_log = access_log_for(cf, cf->args[1]);
+    return NULL;
+}
+
+static const char *
+set_body_temp_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_refs_t *refs = current_refs(cf);
+
+    (void) conf;
+    if (refs->body_temp_path != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    refs->body_temp_path = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
     return NULL;
 }
 
@@ -595,6 +820,25 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "client_max_body_size", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
       SETTINGS(client_max_body_size), "1m",
       "largest request body accepted; larger gets 413; 0 means no limit" },
+    { "client_body_buffer_size", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
+      SETTINGS(client_body_buffer_size), "64k",
+      "request body bytes kept in memory; the rest goes to a temp file" },
+    { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1, set_body_temp_path,
+      RIC_CONF_NO_OFFSET, "/tmp", "directory for request bodies larger than the buffer" },
+    { "proxy_pass", RIC_CONF_LOC, RIC_CONF_TAKE1, set_proxy_pass, RIC_CONF_NO_OFFSET, NULL,
+      "http://UPSTREAM | http://HOST:PORT: where the location's requests go" },
+    { "proxy_set_header", SETTINGS_CTX, RIC_CONF_TAKE2, set_proxy_set_header,
+      RIC_CONF_NO_OFFSET, NULL, "NAME VALUE: a header sent upstream; an empty value drops it" },
+    { "proxy_connect_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+      SETTINGS(proxy_connect_timeout), "5s", "time to establish an upstream connection" },
+    { "proxy_send_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+      SETTINGS(proxy_send_timeout), "60s",
+      "longest pause between two writes of the request to the upstream" },
+    { "proxy_read_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+      SETTINGS(proxy_read_timeout), "60s",
+      "longest pause between two reads of the upstream's response" },
+    { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1, set_access_log, RIC_CONF_NO_OFFSET, "off",
+      "FILE | stdout | stderr | off: one JSON line per request" },
     { NULL, 0, 0, NULL, 0, NULL, NULL }
 };
 
@@ -690,6 +934,135 @@ build_listeners(ric_conf_parse_t *cf)
     return NULL;
 }
 
+static void
+refs_merge(ric_http_refs_t *child, const ric_http_refs_t *parent)
+{
+    if (child->headers == NULL) {
+        child->headers = parent->headers;
+    }
+    if (child->access_log == NULL) {
+        child->access_log = parent->access_log;
+    }
+    if (child->body_temp_path == NULL) {
+        child->body_temp_path = parent->body_temp_path;
+    }
+}
+
+/* Resolves an upstream server's host into one entry per address (a name
+ * with several addresses becomes several servers, as in nginx). Runs at load
+ * time, never in a worker's loop. */
+static const char *
+resolve_server(ric_conf_parse_t *cf, ric_upstream_conf_t *u, ric_upstream_server_t *s)
+{
+    struct addrinfo hints, *res, *ai;
+    ric_upstream_server_t *last = s, *o, *copy;
+    char ip[INET6_ADDRSTRLEN];
+    int rc, first = 1;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG;
+    rc = getaddrinfo(s->host, s->port, &hints, &res);
+    if (rc == EAI_NONAME || rc == EAI_ADDRFAMILY) {
+        /* AI_ADDRCONFIG hides ::1 on a host without IPv6 routes: try again */
+        hints.ai_flags &= ~AI_ADDRCONFIG;
+        rc = getaddrinfo(s->host, s->port, &hints, &res);
+    }
+    if (rc != 0) {
+        return ric_conf_reason(cf, "%s:%d: host not found in upstream \"%s\": %s", s->file,
+                               s->line, s->text, gai_strerror(rc));
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        for (o = s; o != last->next; o = o->next) {
+            if (!first && o->addrlen == ai->ai_addrlen
+                && memcmp(&o->addr, ai->ai_addr, ai->ai_addrlen) == 0) {
+                break;
+            }
+        }
+        if (!first && o != last->next) {
+            continue; /* the same address twice */
+        }
+        if (first) {
+            copy = s;
+        } else {
+            copy = ric_palloc(cf->pool, sizeof(*copy));
+            *copy = *s;
+            copy->next = last->next;
+            last->next = copy;
+            last = copy;
+            u->nservers++;
+        }
+        memcpy(&copy->addr, ai->ai_addr, ai->ai_addrlen);
+        copy->addrlen = ai->ai_addrlen;
+        if (ai->ai_family == AF_INET6) {
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr, ip,
+                      sizeof(ip));
+            copy->addr_text = ric_pstrdup(cf->pool, ric_conf_reason(cf, "[%s]:%s", ip, s->port));
+        } else {
+            inet_ntop(AF_INET, &((struct sockaddr_in *) ai->ai_addr)->sin_addr, ip, sizeof(ip));
+            copy->addr_text = ric_pstrdup(cf->pool, ric_conf_reason(cf, "%s:%s", ip, s->port));
+        }
+        first = 0;
+    }
+    freeaddrinfo(res);
+    return NULL;
+}
+
+/* Points the location at the upstream its proxy_pass names; "host:port"
+ * that names no upstream block becomes an upstream of its own. */
+static const char *
+link_proxy_pass(ric_conf_parse_t *cf, ric_location_conf_t *l)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    ric_upstream_conf_t *u, **tail;
+    ric_upstream_server_t *s;
+    const char *reason;
+
+    for (u = http->upstreams; u; u = u->next) {
+        if (strcmp(u->name, l->proxy_pass) == 0) {
+            l->upstream = u; /* a named upstream, or one made earlier for the same address */
+            return NULL;
+        }
+    }
+    u = ric_pcalloc(cf->pool, sizeof(*u));
+    u->name = l->proxy_pass;
+    u->host_header = l->proxy_pass;
+    u->implicit = 1;
+    u->keepalive = RIC_CONF_UNSET;
+    u->keepalive_timeout = RIC_CONF_UNSET;
+    u->file = l->proxy_pass_file;
+    u->line = l->proxy_pass_line;
+    s = ric_pcalloc(cf->pool, sizeof(*s));
+    cf->file = l->proxy_pass_file;
+    cf->directive_line = l->proxy_pass_line;
+    reason = split_host_port(cf, l->proxy_pass, "80", &s->host, &s->port);
+    if (reason != NULL) {
+        return ric_conf_reason(cf, "%s:%d: %s", l->proxy_pass_file, l->proxy_pass_line,
+                               ric_pstrdup(cf->pool, reason));
+    }
+    if (s->host == NULL) {
+        return ric_conf_reason(cf, "%s:%d: invalid URL \"http://%s\" in \"proxy_pass\"",
+                               l->proxy_pass_file, l->proxy_pass_line, l->proxy_pass);
+    }
+    s->text = l->proxy_pass;
+    s->weight = 1;
+    s->max_fails = 1;
+    s->fail_timeout = 10000;
+    s->file = l->proxy_pass_file;
+    s->line = l->proxy_pass_line;
+    u->servers = s;
+    u->nservers = 1;
+    if (ric_conf_apply_defaults(cf, RIC_CONF_UPS, u) != RIC_OK) {
+        return ric_conf_reported;
+    }
+    for (tail = &http->upstreams; *tail; tail = &(*tail)->next) {
+    }
+    *tail = u;
+    l->upstream = u;
+    return NULL;
+}
+
 const char *
 ric_conf_finish(ric_conf_parse_t *cf)
 {
@@ -715,15 +1088,42 @@ ric_conf_finish(ric_conf_parse_t *cf)
     if (ric_conf_apply_defaults(cf, RIC_CONF_HTTP, &c->http->settings) != RIC_OK) {
         return ric_conf_reported;
     }
+    if (c->http->refs.access_log == NULL) {
+        c->http->refs.access_log = access_log_for(cf, "off");
+    }
+    if (c->http->refs.body_temp_path == NULL) {
+        c->http->refs.body_temp_path = ric_pstrdup(cf->pool, "/tmp");
+    }
     for (u = c->http->upstreams; u; u = u->next) {
         if (ric_conf_apply_defaults(cf, RIC_CONF_UPS, u) != RIC_OK) {
             return ric_conf_reported;
         }
+        u->host_header = u->name;
     }
     for (s = c->http->servers; s; s = s->next) {
         settings_merge(&s->settings, &c->http->settings);
+        refs_merge(&s->refs, &c->http->refs);
         for (l = s->locations; l; l = l->next) {
             settings_merge(&l->settings, &s->settings);
+            refs_merge(&l->refs, &s->refs);
+            if (l->proxy_pass != NULL && (reason = link_proxy_pass(cf, l)) != NULL) {
+                if (reason != ric_conf_reported) {
+                    snprintf(cf->err, cf->errlen, "%s", reason);
+                }
+                return ric_conf_reported;
+            }
+        }
+    }
+    for (u = c->http->upstreams; u; u = u->next) {
+        ric_upstream_server_t *us, *next;
+        u->index = c->http->nupstreams++;
+        for (us = u->servers; us; us = next) {
+            next = us->next; /* resolving may insert entries after us */
+            reason = resolve_server(cf, u, us);
+            if (reason != NULL) {
+                snprintf(cf->err, cf->errlen, "%s", reason);
+                return ric_conf_reported;
+            }
         }
     }
     reason = build_listeners(cf);

@@ -1,0 +1,203 @@
+/* access_log.c: JSON access log lines: formatting, escaping, opening and reopening files. */
+#include "access_log.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES 8192
+
+static int
+open_one(ric_access_log_t *a)
+{
+    if (strcmp(a->path, "off") == 0) {
+        a->fd = -1;
+    } else if (strcmp(a->path, "stdout") == 0) {
+        a->fd = 1;
+    } else if (strcmp(a->path, "stderr") == 0) {
+        a->fd = 2;
+    } else {
+        a->fd = open(a->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (a->fd == -1) {
+            return RIC_ERROR;
+        }
+    }
+    return RIC_OK;
+}
+
+int
+ric_access_log_open(ric_conf_t *conf, char *err, size_t errlen)
+{
+    ric_access_log_t *a;
+
+    if (conf->http == NULL) {
+        return RIC_OK;
+    }
+    for (a = conf->http->access_logs; a; a = a->next) {
+        if (open_one(a) != RIC_OK) {
+            snprintf(err, errlen, "cannot open the access log \"%s\": %s", a->path,
+                     strerror(errno));
+            return RIC_ERROR;
+        }
+    }
+    return RIC_OK;
+}
+
+void
+ric_access_log_reopen(ric_conf_t *conf)
+{
+    ric_access_log_t *a;
+    int fd;
+
+    if (conf->http == NULL) {
+        return;
+    }
+    for (a = conf->http->access_logs; a; a = a->next) {
+        if (a->fd <= 2) {
+            continue;
+        }
+        fd = open(a->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd == -1) {
+            ric_log_error(RIC_LOG_ALERT, errno, "cannot reopen the access log \"%s\"", a->path);
+            continue;
+        }
+        /* dup2 keeps the descriptor number every process already uses */
+        dup2(fd, a->fd);
+        close(fd);
+    }
+}
+
+typedef struct {
+    char *p;
+    char *end;
+} out_t;
+
+static void
+put(out_t *o, const char *s, size_t n)
+{
+    if ((size_t) (o->end - o->p) < n) {
+        n = (size_t) (o->end - o->p);
+    }
+    memcpy(o->p, s, n);
+    o->p += n;
+}
+
+static void
+putf(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+putf(out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(o->p, (size_t) (o->end - o->p), fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        o->p += ric_min((size_t) n, (size_t) (o->end - o->p));
+    }
+}
+
+/* A JSON string: quotes, backslashes and control bytes escaped; bytes above
+ * 0x7e escaped too, so a line is valid JSON whatever the client sent. */
+static void
+put_json(out_t *o, const u_char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    char esc[6];
+    size_t i;
+
+    put(o, "\"", 1);
+    for (i = 0; i < n; i++) {
+        u_char ch = s[i];
+        if (ch == '"' || ch == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char) ch;
+            put(o, esc, 2);
+        } else if (ch < 0x20 || ch > 0x7e) {
+            esc[0] = '\\';
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = hex[ch >> 4];
+            esc[5] = hex[ch & 0xf];
+            put(o, esc, 6);
+        } else {
+            put(o, (const char *) &ch, 1);
+        }
+    }
+    put(o, "\"", 1);
+}
+
+static void
+put_json_cstr(out_t *o, const char *s)
+{
+    if (s == NULL) {
+        put(o, "null", 4);
+    } else {
+        put_json(o, (const u_char *) s, strlen(s));
+    }
+}
+
+void
+ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
+{
+    char line[LINE_MAX_BYTES], ts[40];
+    out_t o = { line, line + sizeof(line) - 2 };
+    struct timeval tv;
+    struct tm tm;
+    ssize_t wr;
+    int i;
+
+    if (log == NULL || log->fd == -1) {
+        return;
+    }
+    gettimeofday(&tv, NULL);
+    gmtime_r(&tv.tv_sec, &tm);
+    strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+
+    putf(&o, "{\"time\":\"%s.%03ldZ\",\"client\":", ts, (long) (tv.tv_usec / 1000));
+    put_json_cstr(&o, e->client);
+    put(&o, ",\"method\":", 10);
+    put_json(&o, e->method.data, e->method.len);
+    put(&o, ",\"path\":", 8);
+    put_json(&o, e->path.data, e->path.len);
+    put(&o, ",\"host\":", 8);
+    if (e->host.data) {
+        put_json(&o, e->host.data, e->host.len);
+    } else {
+        put(&o, "null", 4);
+    }
+    putf(&o, ",\"status\":%d,\"bytes\":%llu,\"duration\":%.6f,\"upstream\":", e->status,
+         (unsigned long long) e->bytes, (double) e->duration_us / 1e6);
+    put_json_cstr(&o, e->upstream);
+    put(&o, ",\"attempts\":[", 12);
+    for (i = 0; i < e->nattempts; i++) {
+        const ric_attempt_t *a = &e->attempts[i];
+        put(&o, i ? ",{\"server\":" : "{\"server\":", i ? 11 : 10);
+        put_json_cstr(&o, a->server);
+        put(&o, ",\"class\":", 9);
+        put_json_cstr(&o, a->class);
+        if (a->status) {
+            putf(&o, ",\"status\":%d", a->status);
+        } else {
+            put(&o, ",\"status\":null", 14);
+        }
+        putf(&o, ",\"duration\":%.6f,\"wait\":%.6f}", (double) a->duration_us / 1e6,
+             (double) a->wait_us / 1e6);
+    }
+    put(&o, "]}", 2);
+    if (o.p >= o.end) {
+        /* cut short: still one line, and the reader sees it is not JSON */
+        o.p = o.end;
+    }
+    *o.p++ = '\n';
+    wr = write(log->fd, line, (size_t) (o.p - line));
+    (void) wr;
+}

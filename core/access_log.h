@@ -1,0 +1,42 @@
+/* access_log.h: one JSON object per line for every request, with each upstream attempt. */
+#ifndef RIC_ACCESS_LOG_H
+#define RIC_ACCESS_LOG_H
+
+#include "ric_core.h"
+#include "conf.h"
+
+/* One upstream attempt of a request, as the access log reports it. */
+typedef struct {
+    const char *server; /* "127.0.0.1:9000"; NULL when none was picked */
+    const char *class;  /* connect_error, reset, timeout, bad_response, status */
+    int status;         /* the upstream's status, 0 when none arrived */
+    int64_t duration_us;
+    int64_t wait_us;    /* backoff before this attempt */
+} ric_attempt_t;
+
+#define RIC_MAX_ATTEMPTS 16
+
+typedef struct {
+    const char *client;
+    ric_str_t method;
+    ric_str_t path; /* the request target as sent */
+    ric_str_t host;
+    int status;
+    uint64_t bytes; /* sent to the client, head included */
+    int64_t duration_us;
+    const char *upstream; /* the server of the final answer, or NULL */
+    ric_attempt_t attempts[RIC_MAX_ATTEMPTS];
+    int nattempts;
+} ric_access_entry_t;
+
+/* Opens every access log of conf (done by the master, so workers inherit
+ * the descriptors). Returns RIC_OK, or RIC_ERROR with a reason in err. */
+int ric_access_log_open(ric_conf_t *conf, char *err, size_t errlen);
+
+/* Reopens the log files after rotation (SIGUSR1). */
+void ric_access_log_reopen(ric_conf_t *conf);
+
+/* Writes e as one line to log with a single write(2); "off" does nothing. */
+void ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e);
+
+#endif /* RIC_ACCESS_LOG_H */
