@@ -87,6 +87,8 @@ put(out_t *o, const char *s, size_t n)
     o->p += n;
 }
 
+#define put_lit(o, s) put((o), (s), sizeof(s) - 1)
+
 static void
 putf(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -139,7 +141,7 @@ static void
 put_json_cstr(out_t *o, const char *s)
 {
     if (s == NULL) {
-        put(o, "null", 4);
+        put_lit(o, "null");
     } else {
         put_json(o, (const u_char *) s, strlen(s));
     }
@@ -164,35 +166,38 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
 
     putf(&o, "{\"time\":\"%s.%03ldZ\",\"client\":", ts, (long) (tv.tv_usec / 1000));
     put_json_cstr(&o, e->client);
-    put(&o, ",\"method\":", 10);
+    put_lit(&o, ",\"method\":");
     put_json(&o, e->method.data, e->method.len);
-    put(&o, ",\"path\":", 8);
+    put_lit(&o, ",\"path\":");
     put_json(&o, e->path.data, e->path.len);
-    put(&o, ",\"host\":", 8);
+    put_lit(&o, ",\"host\":");
     if (e->host.data) {
         put_json(&o, e->host.data, e->host.len);
     } else {
-        put(&o, "null", 4);
+        put_lit(&o, "null");
     }
     putf(&o, ",\"status\":%d,\"bytes\":%llu,\"duration\":%.6f,\"upstream\":", e->status,
          (unsigned long long) e->bytes, (double) e->duration_us / 1e6);
     put_json_cstr(&o, e->upstream);
-    put(&o, ",\"attempts\":[", 12);
+    put_lit(&o, ",\"attempts\":[");
     for (i = 0; i < e->nattempts; i++) {
         const ric_attempt_t *a = &e->attempts[i];
-        put(&o, i ? ",{\"server\":" : "{\"server\":", i ? 11 : 10);
+        if (i > 0) {
+            put_lit(&o, ",");
+        }
+        put_lit(&o, "{\"server\":");
         put_json_cstr(&o, a->server);
-        put(&o, ",\"class\":", 9);
+        put_lit(&o, ",\"class\":");
         put_json_cstr(&o, a->class);
         if (a->status) {
             putf(&o, ",\"status\":%d", a->status);
         } else {
-            put(&o, ",\"status\":null", 14);
+            put_lit(&o, ",\"status\":null");
         }
         putf(&o, ",\"duration\":%.6f,\"wait\":%.6f}", (double) a->duration_us / 1e6,
              (double) a->wait_us / 1e6);
     }
-    put(&o, "]}", 2);
+    put_lit(&o, "]}");
     if (o.p >= o.end) {
         /* cut short: still one line, and the reader sees it is not JSON */
         o.p = o.end;

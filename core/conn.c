@@ -1,6 +1,8 @@
 /* conn.c: client connections: read and check requests, answer them in order, keep-alive and timeouts. */
 #include "conn.h"
+#include "access_log.h"
 #include "log.h"
+#include "proxy.h"
 #include "route.h"
 #include "worker.h"
 
@@ -47,21 +49,25 @@ ms_to_tv(int64_t ms)
 }
 
 static void
-format_peer(char *buf, size_t size, const struct sockaddr *sa)
+format_peer(ric_conn_t *c, const struct sockaddr *sa)
 {
-    char ip[INET6_ADDRSTRLEN];
+    unsigned port = 0;
 
     if (sa->sa_family == AF_INET6) {
         const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *) sa;
-        inet_ntop(AF_INET6, &s6->sin6_addr, ip, sizeof(ip));
-        snprintf(buf, size, "[%s]:%u", ip, ntohs(s6->sin6_port));
+        inet_ntop(AF_INET6, &s6->sin6_addr, c->peer_ip, sizeof(c->peer_ip));
+        port = ntohs(s6->sin6_port);
+        snprintf(c->peer, sizeof(c->peer), "[%s]:%u", c->peer_ip, port);
     } else if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *s4 = (const struct sockaddr_in *) sa;
-        inet_ntop(AF_INET, &s4->sin_addr, ip, sizeof(ip));
-        snprintf(buf, size, "%s:%u", ip, ntohs(s4->sin_port));
+        inet_ntop(AF_INET, &s4->sin_addr, c->peer_ip, sizeof(c->peer_ip));
+        port = ntohs(s4->sin_port);
+        snprintf(c->peer, sizeof(c->peer), "%s:%u", c->peer_ip, port);
     } else {
-        snprintf(buf, size, "unknown");
+        snprintf(c->peer_ip, sizeof(c->peer_ip), "unknown");
+        snprintf(c->peer, sizeof(c->peer), "unknown");
     }
+    snprintf(c->peer_port, sizeof(c->peer_port), "%u", port);
 }
 
 int
@@ -76,7 +82,7 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
     c->worker = w;
     c->listener = ls;
     c->state = RIC_CONN_HEAD;
-    format_peer(c->peer, sizeof(c->peer), sa);
+    format_peer(c, sa);
     if (sa->sa_family != AF_UNIX) {
         /* answers are written whole: don't let Nagle hold back their tail */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -86,6 +92,7 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
     c->server = ls->default_server;
     c->settings = &ls->default_server->settings;
     ric_http_msg_init(&c->msg);
+    ric_body_init(&c->body, 0, NULL);
     /* the first request must arrive within client_header_timeout */
     c->read_deadline = now_ms() + c->settings->client_header_timeout;
     ric_worker_conn_opened(w, c);
@@ -98,6 +105,10 @@ void
 ric_conn_close(ric_conn_t *c)
 {
     ric_log_debug("closing connection from %s", c->peer);
+    if (c->proxy != NULL) {
+        ric_proxy_abort(c->proxy);
+    }
+    ric_body_reset(&c->body);
     event_free(c->rev);
     event_free(c->wev);
     close(c->fd);
@@ -119,8 +130,8 @@ out_reserve(ric_conn_t *c, size_t n)
     c->out = ric_xrealloc(c->out, c->out_size);
 }
 
-static void
-out_append(ric_conn_t *c, const void *p, size_t n)
+void
+ric_conn_out_append(ric_conn_t *c, const void *p, size_t n)
 {
     out_reserve(c, n);
     memcpy(c->out + c->out_len, p, n);
@@ -153,12 +164,38 @@ respond(ric_conn_t *c, int status)
                     status, reason, ric_worker_date(c->worker), blen,
                     c->close_after ? "Connection: close\r\n"
                     : c->msg.version == 10 ? "Connection: keep-alive\r\n" : "");
-    out_append(c, head, (size_t) hlen);
+    ric_conn_out_append(c, head, (size_t) hlen);
     if (!head_only) {
-        out_append(c, body, (size_t) blen);
+        ric_conn_out_append(c, body, (size_t) blen);
     }
     c->status = status;
     c->state = RIC_CONN_WRITE;
+}
+
+/* Logs an answer the gateway gave itself, to the route's access log. */
+static void
+log_local_answer(ric_conn_t *c)
+{
+    const ric_http_refs_t *refs = c->location ? &c->location->refs : &c->server->refs;
+    ric_access_entry_t e;
+
+    if (refs->access_log == NULL || refs->access_log->fd == -1) {
+        return;
+    }
+    memset(&e, 0, sizeof(e));
+    e.client = c->peer;
+    if (c->msg.head_len > 0) {
+        e.method = ric_http_span(c->in, c->msg.method_off, c->msg.method_len);
+        e.path = ric_http_span(c->in, c->msg.target_off, c->msg.target_len);
+        if (c->msg.host_index >= 0) {
+            e.host = ric_http_span(c->in, c->msg.fields[c->msg.host_index].value_off,
+                                   c->msg.fields[c->msg.host_index].value_len);
+        }
+    }
+    e.status = c->status;
+    e.bytes = c->out_len;
+    e.duration_us = c->request_start_us ? ric_now_us() - c->request_start_us : 0;
+    ric_access_log_write(refs->access_log, &e);
 }
 
 /* An answer after which nothing more on this connection is read. */
@@ -169,6 +206,7 @@ respond_close(ric_conn_t *c, int status)
     c->linger = 1;
     c->msg.keep_alive = 0;
     respond(c, status);
+    log_local_answer(c);
 }
 
 static void
@@ -230,6 +268,27 @@ log_client_error(ric_conn_t *c, const char *what, int status, const char *reason
                   what, status, reason ? reason : ric_http_status_text(status), c->peer);
 }
 
+static int
+proxied(const ric_conn_t *c)
+{
+    return c->location != NULL && c->location->upstream != NULL;
+}
+
+/* The request is read whole: proxy it, or answer it here. */
+static void
+handle(ric_conn_t *c)
+{
+    if (proxied(c)) {
+        /* until the answer is out, nothing more is read from the client
+         * but an end of stream, which aborts the exchange */
+        event_add(c->rev, NULL);
+        ric_proxy_start(c);
+        return;
+    }
+    respond(c, 404);
+    log_local_answer(c);
+}
+
 /* The head is parsed: pick the route and decide what happens to the body. */
 static void
 request_start(ric_conn_t *c)
@@ -245,10 +304,16 @@ request_start(ric_conn_t *c)
     }
     c->server = ric_route_server(c->listener, host);
     loc = ric_route_location(c->server, ric_http_span(c->in, m->target_off, m->path_len));
+    c->location = loc;
     c->settings = loc ? &loc->settings : &c->server->settings;
     c->in_used = m->head_len;
     c->body_received = 0;
     c->continue_sent = 0;
+    c->request_start_us = ric_now_us();
+    if (proxied(c)) {
+        ric_body_init(&c->body, (size_t) c->settings->client_body_buffer_size,
+                      loc->refs.body_temp_path);
+    }
 
     limit = (uint64_t) c->settings->client_max_body_size;
     if (m->body == RIC_BODY_LENGTH && limit > 0 && m->content_length > limit) {
@@ -256,8 +321,12 @@ request_start(ric_conn_t *c)
         respond_close(c, 413);
         return;
     }
+    if (m->method == RIC_HTTP_CONNECT) {
+        respond_close(c, 405);
+        return;
+    }
     if (m->body == RIC_BODY_NONE) {
-        respond(c, 404);
+        handle(c);
         return;
     }
     c->body_left = m->content_length;
@@ -288,6 +357,11 @@ body_consume(ric_conn_t *c)
 
     if (c->msg.body == RIC_BODY_LENGTH) {
         take = (size_t) ric_min((uint64_t) avail, c->body_left);
+        if (proxied(c) && take > 0
+            && ric_body_append(&c->body, c->in + c->in_used, take) != RIC_OK) {
+            respond_close(c, 500);
+            return RIC_ERROR;
+        }
         in_discard(c, c->in_used, c->in_used + take);
         c->body_left -= take;
         c->body_received += take;
@@ -303,6 +377,10 @@ body_consume(ric_conn_t *c)
             if (limit > 0 && c->body_received > limit) {
                 log_client_error(c, "too large a body", 413, NULL);
                 respond_close(c, 413);
+                return RIC_ERROR;
+            }
+            if (proxied(c) && ric_body_append(&c->body, data, dlen) != RIC_OK) {
+                respond_close(c, 500);
                 return RIC_ERROR;
             }
             continue;
@@ -373,6 +451,8 @@ request_finish(ric_conn_t *c)
     }
     c->in_used = 0;
     ric_http_msg_init(&c->msg);
+    ric_body_reset(&c->body);
+    c->location = NULL;
     c->state = RIC_CONN_HEAD;
     c->server = c->listener->default_server;
     c->settings = &c->server->settings;
@@ -432,10 +512,12 @@ conn_run(ric_conn_t *c)
                 return;
             }
             if (rc == RIC_DONE) {
-                /* no proxying yet: nothing here can answer */
-                respond(c, 404);
+                handle(c);
             }
             break;
+
+        case RIC_CONN_PROXY:
+            return; /* the proxy drives until ric_conn_proxy_done */
 
         case RIC_CONN_WRITE:
             rc = flush_out(c);
@@ -528,6 +610,21 @@ on_read(evutil_socket_t fd, short what, void *arg)
         event_del(c->rev);
         return;
     }
+    if (c->state == RIC_CONN_PROXY) {
+        /* pipelined bytes wait in the buffer; an end of stream means the
+         * client gave up, and the exchange with it */
+        if (c->in_len == c->in_size) {
+            event_del(c->rev);
+            return;
+        }
+        n = read_some(c);
+        if (n == 0 || n == RIC_ERROR) {
+            ric_log_error(RIC_LOG_INFO, 0, "client closed the connection while waiting for "
+                          "the upstream, client: %s", c->peer);
+            ric_conn_close(c);
+        }
+        return;
+    }
 
     if (c->state == RIC_CONN_HEAD && c->in_len == 0 && c->requests > 0) {
         /* the first byte of a new request starts its header timeout */
@@ -568,7 +665,26 @@ on_write(evutil_socket_t fd, short what, void *arg)
         ric_conn_close(c);
         return;
     }
+    if (c->state == RIC_CONN_PROXY) {
+        ric_proxy_client_writable(c->proxy);
+        return;
+    }
     /* reading, paused while the answer was pending, is re-armed by the
      * state that follows */
+    conn_run(c);
+}
+
+void
+ric_conn_respond(ric_conn_t *c, int status)
+{
+    c->out_len = c->out_sent = 0;
+    respond(c, status);
+    conn_run(c);
+}
+
+void
+ric_conn_proxy_done(ric_conn_t *c)
+{
+    c->state = RIC_CONN_WRITE;
     conn_run(c);
 }

@@ -4,6 +4,7 @@
 
 #include "ric_core.h"
 #include "conf.h"
+#include "body.h"
 #include "http_parse.h"
 
 #include <event2/event.h>
@@ -12,6 +13,7 @@ typedef enum {
     RIC_CONN_HEAD,      /* waiting for / reading a request head */
     RIC_CONN_BODY,      /* reading the request body */
     RIC_CONN_WRITE,     /* writing a response */
+    RIC_CONN_PROXY,     /* the proxy owns the exchange (proxy.c) */
     RIC_CONN_LINGER     /* answered with close: draining what the client still sends */
 } ric_conn_state_t;
 
@@ -22,7 +24,9 @@ struct ric_conn_s {
     ric_conn_state_t state;
     struct event *rev;
     struct event *wev;
-    char peer[64]; /* "ip:port" for logs */
+    char peer[64];     /* "ip:port" for logs */
+    char peer_ip[48];  /* "ip" for $remote_addr and X-Forwarded-For */
+    char peer_port[8];
 
     /* input: the current request's head starts at in[0]; what follows it
      * (its body, pipelined requests) comes after */
@@ -36,10 +40,14 @@ struct ric_conn_s {
     uint64_t body_left;     /* Content-Length bytes still to read */
     uint64_t body_received; /* body bytes so far (for client_max_body_size) */
     int continue_sent;
+    ric_body_t body; /* kept for the upstream when the route proxies */
 
     /* the current request's route */
     ric_server_conf_t *server;
+    ric_location_conf_t *location; /* NULL: none matched */
     const ric_http_settings_t *settings;
+    ric_proxy_t *proxy;            /* while state is RIC_CONN_PROXY */
+    int64_t request_start_us;
     int64_t requests;          /* served on this connection */
     int64_t keepalive_timeout; /* ms, of the route that answered last */
 
@@ -64,6 +72,17 @@ int ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct so
 
 /* Closes the connection now and frees it. */
 void ric_conn_close(ric_conn_t *c);
+
+/* Queues the gateway's own answer (502, 504, 500...) to the current
+ * request; the connection goes on from there. */
+void ric_conn_respond(ric_conn_t *c, int status);
+
+/* Appends bytes to the pending output. */
+void ric_conn_out_append(ric_conn_t *c, const void *p, size_t n);
+
+/* The proxy wrote the whole response (or gave up on the client): the
+ * connection goes on to the next request, or closes when close_after. */
+void ric_conn_proxy_done(ric_conn_t *c);
 
 /* Graceful shutdown: closes c if it is idle between requests; otherwise it
  * will close once its current response is written. */

@@ -1,4 +1,5 @@
 /* main.c: the command line: run, test a config (-t), signal a master (-s), print versions (-v). */
+#include "access_log.h"
 #include "conf.h"
 #include "log.h"
 #include "process.h"
@@ -133,6 +134,11 @@ main(int argc, char **argv)
         return 1;
     }
     ric_log_use(&log);
+    if (ric_access_log_open(conf, err, sizeof(err)) != RIC_OK) {
+        fprintf(stderr, "ricochet: %s\n", err);
+        ric_conf_free(conf);
+        return 1;
+    }
     if (ric_process_bind(conf) != RIC_OK) {
         ric_conf_free(conf);
         return 1;

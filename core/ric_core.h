@@ -40,6 +40,7 @@ typedef struct ric_http_chunked_s ric_http_chunked_t;
 typedef struct ric_conn_s ric_conn_t;
 typedef struct ric_buf_s ric_buf_t;
 typedef struct ric_worker_s ric_worker_t;
+typedef struct ric_proxy_s ric_proxy_t;
 
 /* Checks our own invariants only; never input from a peer, config or script. */
 #define ric_assert(expr)                                                   \
@@ -61,6 +62,10 @@ char *ric_xstrdup(const char *s);
 #define ric_nelems(a) (sizeof(a) / sizeof((a)[0]))
 #define ric_min(a, b) ((a) < (b) ? (a) : (b))
 #define ric_max(a, b) ((a) > (b) ? (a) : (b))
+
+/* Monotonic clock readings. */
+int64_t ric_now_ms(void);
+int64_t ric_now_us(void);
 
 /* Case-insensitive comparison of a span with a NUL-terminated lowercase literal. */
 int ric_str_eq_lower(ric_str_t s, const char *lower);

@@ -2,6 +2,22 @@
 #include "ric_core.h"
 
 #include <stdio.h>
+#include <time.h>
+
+int64_t
+ric_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t
+ric_now_ms(void)
+{
+    return ric_now_us() / 1000;
+}
 
 void
 ric_assert_fail(const char *expr, const char *file, int line)

@@ -1,5 +1,6 @@
 /* worker.c: a worker process: accepts on the inherited listeners and runs the event loop. */
 #include "worker.h"
+#include "access_log.h"
 #include "conn.h"
 #include "log.h"
 
@@ -170,6 +171,7 @@ on_signal(evutil_socket_t sig, short what, void *arg)
         break;
     case SIGUSR1:
         ric_log_reopen();
+        ric_access_log_reopen(w->conf);
         break;
     }
 }
@@ -181,6 +183,7 @@ ric_worker_run(ric_conf_t *conf)
     ric_worker_t *w = ric_xcalloc(1, sizeof(*w));
     ric_listener_t *ls;
     ric_conn_t *c;
+    sigset_t blocked;
     size_t i, n = 0;
 
     ric_worker = w;
@@ -203,14 +206,23 @@ ric_worker_run(ric_conf_t *conf)
         event_add(w->signals[i], NULL);
     }
     w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
+    w->upstreams = ric_upstream_init_all(conf, w->base);
     accept_enable(w, 1);
 
     event_base_dispatch(w->base);
 
+    /* a second stop signal (the master forwards what a terminal already
+     * sent the whole group) must not kill us halfway through the cleanup */
+    sigemptyset(&blocked);
+    sigaddset(&blocked, SIGTERM);
+    sigaddset(&blocked, SIGINT);
+    sigaddset(&blocked, SIGQUIT);
+    sigprocmask(SIG_BLOCK, &blocked, NULL);
     w->shutting_down = 1; /* closing the rest must not re-enable accepting */
     while ((c = w->conns) != NULL) {
         ric_conn_close(c);
     }
+    ric_upstream_free_all(w->upstreams, conf->http ? conf->http->nupstreams : 0);
     for (i = 0; i < w->naccept; i++) {
         event_free(w->accept_events[i]);
     }

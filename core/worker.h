@@ -4,6 +4,7 @@
 
 #include "ric_core.h"
 #include "conf.h"
+#include "upstream.h"
 
 #include <event2/event.h>
 
@@ -17,6 +18,7 @@ struct ric_worker_s {
     struct event *shutdown_timer;
     struct event *signals[5];
     ric_conn_t *conns; /* every open client connection */
+    ric_upstream_t *upstreams; /* indexed by ric_upstream_conf_t.index */
     int64_t nconns;
     char date[40]; /* "Date" field value, refreshed once a second */
     time_t date_sec;

@@ -1,0 +1,949 @@
+/* proxy.c: a proxied exchange: connect or reuse, send the request, stream the response back with backpressure. */
+#include "proxy.h"
+#include "log.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define PROXY_BUF_SIZE (32 * 1024) /* response head limit and relay buffer */
+#define MAX_CONN_TOKENS 16
+
+typedef enum {
+    P_CONNECTING,
+    P_SENDING,
+    P_HEAD,
+    P_BODY
+} proxy_state_t;
+
+struct ric_proxy_s {
+    ric_conn_t *c;
+    ric_upstream_t *up;
+    ric_peer_t *peer;
+    ric_upconn_t *uc;
+    proxy_state_t state;
+    int reused;
+
+    /* the request as sent upstream: head built once, body from c->body */
+    u_char *req;
+    size_t req_len;
+    size_t req_size;
+    uint64_t sent; /* head and body bytes written */
+
+    /* the response: head parsed from buf, then body bytes relayed from it */
+    u_char *buf;
+    size_t buf_len;
+    size_t relay_start; /* buf[relay_start, relay_end) still goes to the client */
+    size_t relay_end;
+    ric_http_msg_t resp;
+    ric_http_chunked_t chunked;
+    uint64_t body_left;
+    int dechunk;    /* HTTP/1.0 client: chunked body decoded, close-delimited */
+    int resp_done;  /* the upstream's response ended */
+    int reusable;   /* the upstream connection may carry another request */
+    int reading_paused;
+    int early_answer; /* the upstream answered before taking the whole request */
+
+    ric_access_entry_t entry;
+    int64_t attempt_start_us;
+};
+
+static void on_upstream_read(ric_upconn_t *uc, short what);
+static void on_upstream_write(ric_upconn_t *uc, short what);
+static void relay(ric_proxy_t *p);
+
+/* --- output buffer helpers ------------------------------------------------ */
+
+static void
+req_reserve(ric_proxy_t *p, size_t n)
+{
+    if (p->req_len + n > p->req_size) {
+        p->req_size = ric_max(p->req_size * 2, p->req_len + n + 256);
+        p->req = ric_xrealloc(p->req, p->req_size);
+    }
+}
+
+static void
+req_put(ric_proxy_t *p, const void *s, size_t n)
+{
+    req_reserve(p, n);
+    memcpy(p->req + p->req_len, s, n);
+    p->req_len += n;
+}
+
+static void
+req_puts(ric_proxy_t *p, const char *s)
+{
+    req_put(p, s, strlen(s));
+}
+
+static ric_str_t
+field_value(const ric_conn_t *c, const ric_http_msg_t *m, unsigned i)
+{
+    return ric_http_span(c->in, m->fields[i].value_off, m->fields[i].value_len);
+}
+
+static ric_str_t
+field_name(const u_char *buf, const ric_http_msg_t *m, unsigned i)
+{
+    return ric_http_span(buf, m->fields[i].name_off, m->fields[i].name_len);
+}
+
+/* --- hop-by-hop fields ----------------------------------------------------- */
+
+typedef struct {
+    ric_str_t tokens[MAX_CONN_TOKENS];
+    int n;
+} conn_tokens_t;
+
+/* Collects the field names a message's Connection fields list: they are
+ * hop-by-hop too (RFC 9110 §7.6.1). */
+static void
+collect_connection_tokens(const u_char *buf, const ric_http_msg_t *m, conn_tokens_t *t)
+{
+    unsigned i;
+    const u_char *s, *e, *start;
+
+    t->n = 0;
+    for (i = 0; i < m->nfields; i++) {
+        if (!ric_str_eq_lower(field_name(buf, m, i), "connection")) {
+            continue;
+        }
+        s = buf + m->fields[i].value_off;
+        e = s + m->fields[i].value_len;
+        while (s < e && t->n < MAX_CONN_TOKENS) {
+            while (s < e && (*s == ',' || *s == ' ' || *s == '\t')) {
+                s++;
+            }
+            start = s;
+            while (s < e && *s != ',' && *s != ' ' && *s != '\t') {
+                s++;
+            }
+            if (s > start) {
+                t->tokens[t->n].data = start;
+                t->tokens[t->n].len = (size_t) (s - start);
+                t->n++;
+            }
+        }
+    }
+}
+
+static int
+span_eq_nocase(ric_str_t a, ric_str_t b)
+{
+    size_t i;
+
+    if (a.len != b.len) {
+        return 0;
+    }
+    for (i = 0; i < a.len; i++) {
+        u_char x = a.data[i], y = b.data[i];
+        if ((x | 0x20) != (y | 0x20)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int
+is_hop_by_hop(ric_str_t name, const conn_tokens_t *t)
+{
+    int i;
+
+    if (ric_str_eq_lower(name, "connection") || ric_str_eq_lower(name, "keep-alive")
+        || ric_str_eq_lower(name, "te") || ric_str_eq_lower(name, "trailer")
+        || ric_str_eq_lower(name, "upgrade") || ric_str_eq_lower(name, "proxy-connection")
+        || ric_str_eq_lower(name, "proxy-authenticate")
+        || ric_str_eq_lower(name, "proxy-authorization")) {
+        return 1;
+    }
+    for (i = 0; i < t->n; i++) {
+        if (span_eq_nocase(name, t->tokens[i])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* --- the upstream request -------------------------------------------------- */
+
+static ric_str_t
+request_host(const ric_conn_t *c)
+{
+    ric_str_t h = ric_null_string;
+
+    if (c->msg.host_index >= 0) {
+        h = field_value(c, &c->msg, (unsigned) c->msg.host_index);
+    }
+    return h;
+}
+
+static void
+put_xff(ric_proxy_t *p)
+{
+    const ric_conn_t *c = p->c;
+    unsigned i;
+    int any = 0;
+
+    for (i = 0; i < c->msg.nfields; i++) {
+        if (ric_str_eq_lower(field_name(c->in, &c->msg, i), "x-forwarded-for")) {
+            ric_str_t v = field_value(c, &c->msg, i);
+            if (any) {
+                req_puts(p, ", ");
+            }
+            req_put(p, v.data, v.len);
+            any = 1;
+        }
+    }
+    if (any) {
+        req_puts(p, ", ");
+    }
+    req_puts(p, c->peer_ip);
+}
+
+static void
+put_template(ric_proxy_t *p, const ric_template_part_t *part)
+{
+    const ric_conn_t *c = p->c;
+    ric_str_t v;
+    unsigned i;
+
+    for (; part; part = part->next) {
+        switch (part->var) {
+        case RIC_VAR_LITERAL:
+            req_put(p, part->text, part->len);
+            break;
+        case RIC_VAR_HOST:
+            v = request_host(c);
+            for (i = 0; i < v.len && v.data[i] != ':'; i++) {
+                u_char ch = v.data[i];
+                ch = (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
+                req_put(p, &ch, 1);
+            }
+            break;
+        case RIC_VAR_HTTP_HOST:
+            v = request_host(c);
+            req_put(p, v.data, v.len);
+            break;
+        case RIC_VAR_REMOTE_ADDR:
+            req_puts(p, c->peer_ip);
+            break;
+        case RIC_VAR_REMOTE_PORT:
+            req_puts(p, c->peer_port);
+            break;
+        case RIC_VAR_SCHEME:
+            req_puts(p, "http");
+            break;
+        case RIC_VAR_PROXY_HOST:
+            req_puts(p, p->up->conf->host_header);
+            break;
+        case RIC_VAR_REQUEST_URI:
+            req_put(p, c->in + c->msg.target_off, c->msg.target_len);
+            break;
+        case RIC_VAR_REQUEST_METHOD:
+            req_put(p, c->in + c->msg.method_off, c->msg.method_len);
+            break;
+        case RIC_VAR_PROXY_ADD_XFF:
+            put_xff(p);
+            break;
+        case RIC_VAR_HTTP:
+            for (i = 0; i < c->msg.nfields; i++) {
+                ric_str_t n = field_name(c->in, &c->msg, i);
+                ric_str_t want = { (const u_char *) part->text, part->len };
+                if (span_eq_nocase(n, want)) {
+                    v = field_value(c, &c->msg, i);
+                    req_put(p, v.data, v.len);
+                    break;
+                }
+            }
+            break;
+        }
+    }
+}
+
+static const ric_header_set_t *
+find_set_header(const ric_header_set_t *h, ric_str_t name)
+{
+    for (; h; h = h->next) {
+        ric_str_t n = { (const u_char *) h->name, strlen(h->name) };
+        if (span_eq_nocase(n, name)) {
+            return h;
+        }
+    }
+    return NULL;
+}
+
+/* The request line target: origin-form as received; absolute-form reduced
+ * to its path and query (the upstream gets Host separately). */
+static ric_str_t
+upstream_target(const ric_conn_t *c)
+{
+    ric_str_t t = ric_http_span(c->in, c->msg.target_off, c->msg.target_len);
+    const u_char *s, *e = t.data + t.len;
+
+    if (t.len == 0 || t.data[0] == '/' || t.data[0] == '*') {
+        return t;
+    }
+    s = memchr(t.data, ':', t.len);
+    if (s == NULL || s + 3 > e) {
+        return t;
+    }
+    s += 3; /* past "://" */
+    while (s < e && *s != '/' && *s != '?') {
+        s++;
+    }
+    if (s == e) {
+        static const u_char slash[] = "/";
+        t.data = slash;
+        t.len = 1;
+        return t;
+    }
+    t.len = (size_t) (e - s);
+    t.data = s;
+    return t;
+}
+
+static void
+build_request(ric_proxy_t *p)
+{
+    const ric_conn_t *c = p->c;
+    const ric_http_msg_t *m = &c->msg;
+    const ric_header_set_t *sets = c->location->refs.headers, *h;
+    conn_tokens_t tokens;
+    ric_str_t name, v, target = upstream_target(c);
+    char num[32];
+    unsigned i;
+    int has_length = 0;
+
+    p->req_len = 0;
+    req_reserve(p, m->head_len + 256);
+    req_put(p, c->in + m->method_off, m->method_len);
+    req_puts(p, " ");
+    req_put(p, target.data, target.len);
+    req_puts(p, " HTTP/1.1\r\n");
+
+    /* Host first, as RFC 9112 §3.2 asks */
+    name.data = (const u_char *) "Host";
+    name.len = 4;
+    h = find_set_header(sets, name);
+    if (h == NULL) {
+        req_puts(p, "Host: ");
+        req_puts(p, p->up->conf->host_header);
+        req_puts(p, "\r\n");
+    }
+
+    collect_connection_tokens(c->in, m, &tokens);
+    for (i = 0; i < m->nfields; i++) {
+        name = field_name(c->in, m, i);
+        if (is_hop_by_hop(name, &tokens) || ric_str_eq_lower(name, "host")
+            || ric_str_eq_lower(name, "x-forwarded-for")
+            || ric_str_eq_lower(name, "transfer-encoding") || ric_str_eq_lower(name, "expect")
+            || find_set_header(sets, name) != NULL) {
+            continue;
+        }
+        if (ric_str_eq_lower(name, "content-length")) {
+            has_length = 1;
+            continue; /* rewritten below from what was read */
+        }
+        v = field_value(c, m, i);
+        req_put(p, name.data, name.len);
+        req_puts(p, ": ");
+        req_put(p, v.data, v.len);
+        req_puts(p, "\r\n");
+    }
+
+    name.data = (const u_char *) "X-Forwarded-For";
+    name.len = 15;
+    if (find_set_header(sets, name) == NULL) {
+        req_puts(p, "X-Forwarded-For: ");
+        put_xff(p);
+        req_puts(p, "\r\n");
+    }
+    name.data = (const u_char *) "X-Forwarded-Proto";
+    name.len = 17;
+    if (find_set_header(sets, name) == NULL) {
+        req_puts(p, "X-Forwarded-Proto: http\r\n");
+    }
+    for (h = sets; h; h = h->next) {
+        size_t mark = p->req_len, value_start;
+        req_puts(p, h->name);
+        req_puts(p, ": ");
+        value_start = p->req_len;
+        put_template(p, h->value);
+        if (p->req_len == value_start) {
+            p->req_len = mark; /* an empty value drops the field, as in nginx */
+            continue;
+        }
+        req_puts(p, "\r\n");
+    }
+    if (m->body != RIC_BODY_NONE || has_length) {
+        /* a chunked body goes upstream with its length, now known */
+        snprintf(num, sizeof(num), "%llu", (unsigned long long) ric_body_size(&c->body));
+        req_puts(p, "Content-Length: ");
+        req_puts(p, num);
+        req_puts(p, "\r\n");
+    }
+    if (p->up->conf->keepalive <= 0) {
+        req_puts(p, "Connection: close\r\n");
+    }
+    req_puts(p, "\r\n");
+}
+
+/* --- the end of an exchange ------------------------------------------------ */
+
+static void
+record_attempt(ric_proxy_t *p, const char *class, int status)
+{
+    ric_attempt_t *a;
+
+    if (p->entry.nattempts >= RIC_MAX_ATTEMPTS) {
+        return;
+    }
+    a = &p->entry.attempts[p->entry.nattempts++];
+    a->server = p->peer ? p->peer->conf->addr_text : NULL;
+    a->class = class;
+    a->status = status;
+    a->duration_us = ric_now_us() - p->attempt_start_us;
+    a->wait_us = 0;
+}
+
+static void
+write_access_log(ric_proxy_t *p, int status)
+{
+    ric_conn_t *c = p->c;
+    ric_access_entry_t *e = &p->entry;
+
+    e->client = c->peer;
+    e->method = ric_http_span(c->in, c->msg.method_off, c->msg.method_len);
+    e->path = ric_http_span(c->in, c->msg.target_off, c->msg.target_len);
+    e->host = request_host(c);
+    e->status = status;
+    e->duration_us = ric_now_us() - c->request_start_us;
+    ric_access_log_write(c->location->refs.access_log, e);
+}
+
+static void
+proxy_free(ric_proxy_t *p)
+{
+    if (p->uc != NULL) {
+        ric_upconn_close(p->uc);
+    }
+    p->c->proxy = NULL;
+    free(p->req);
+    free(p->buf);
+    free(p);
+}
+
+/* A failure before any byte of the response reached the client: the gateway
+ * answers itself (DESIGN §1.5: only when there is no upstream answer). */
+static void
+fail(ric_proxy_t *p, const char *class, int status, int err, const char *what)
+{
+    ric_conn_t *c = p->c;
+
+    ric_log_error(RIC_LOG_ERR, err, "%s while %s, client: %s, upstream: %s", what,
+                  p->state == P_CONNECTING ? "connecting to upstream"
+                  : p->state == P_SENDING ? "sending the request to upstream"
+                  : "reading the response head from upstream",
+                  c->peer, p->peer->conf->addr_text);
+    ric_upstream_report(p->up, p->peer, 1, ric_now_ms());
+    record_attempt(p, class, 0);
+    p->entry.bytes = 0;
+    write_access_log(p, status);
+    proxy_free(p);
+    ric_conn_respond(c, status);
+}
+
+/* The upstream broke after the response head went out: the client's
+ * response is cut short, so its connection closes. */
+static void
+abort_client(ric_proxy_t *p, int err, const char *what)
+{
+    ric_conn_t *c = p->c;
+
+    ric_log_error(RIC_LOG_ERR, err, "%s while reading the response body from upstream, "
+                  "client: %s, upstream: %s", what, c->peer, p->peer->conf->addr_text);
+    write_access_log(p, p->resp.status);
+    proxy_free(p);
+    ric_conn_close(c);
+}
+
+static void
+finish(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+
+    write_access_log(p, p->resp.status);
+    if (p->reusable && p->resp.keep_alive) {
+        p->uc->requests++;
+        ric_upstream_pool_put(p->uc);
+        p->uc = NULL;
+    }
+    proxy_free(p);
+    ric_conn_proxy_done(c);
+}
+
+void
+ric_proxy_abort(ric_proxy_t *p)
+{
+    if (p->state >= P_HEAD && p->resp.head_len > 0) {
+        write_access_log(p, p->resp.status);
+    } else {
+        record_attempt(p, "client_closed", 0);
+        write_access_log(p, 499);
+    }
+    proxy_free(p);
+}
+
+/* --- response body framing ------------------------------------------------ */
+
+/* Runs the framing over buf[from, buf_len): extends the relay region and
+ * notes the end of the response. RIC_ERROR on broken framing. */
+static int
+scan_body(ric_proxy_t *p, size_t from)
+{
+    size_t avail = p->buf_len - from, take, w;
+    const u_char *pos, *end, *data;
+    size_t dlen;
+    int rc;
+
+    switch (p->resp.body) {
+    case RIC_BODY_NONE:
+        p->relay_end = from;
+        p->resp_done = 1;
+        if (avail > 0) {
+            p->reusable = 0; /* bytes after a response that has no body */
+        }
+        return RIC_OK;
+    case RIC_BODY_CLOSE:
+        p->relay_end = p->buf_len;
+        return RIC_OK;
+    case RIC_BODY_LENGTH:
+        take = (size_t) ric_min((uint64_t) avail, p->body_left);
+        p->body_left -= take;
+        p->relay_end = from + take;
+        if (p->body_left == 0) {
+            p->resp_done = 1;
+            if (avail > take) {
+                p->reusable = 0; /* more than Content-Length: never reuse */
+            }
+        }
+        return RIC_OK;
+    case RIC_BODY_CHUNKED:
+        break;
+    }
+
+    pos = p->buf + from;
+    end = p->buf + p->buf_len;
+    w = from; /* where decoded data goes when dechunking (in place) */
+    for (;;) {
+        rc = ric_http_chunked_next(&p->chunked, &pos, end, &data, &dlen);
+        if (rc == RIC_OK) {
+            if (p->dechunk) {
+                memmove(p->buf + w, data, dlen);
+                w += dlen;
+            }
+            continue;
+        }
+        break;
+    }
+    if (rc == RIC_ERROR) {
+        return RIC_ERROR;
+    }
+    p->relay_end = p->dechunk ? w : (size_t) (pos - p->buf);
+    if (rc == RIC_DONE) {
+        p->resp_done = 1;
+        if (pos < end) {
+            p->reusable = 0;
+        }
+    }
+    return RIC_OK;
+}
+
+/* --- the response head ----------------------------------------------------- */
+
+static void
+build_client_head(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+    const ric_http_msg_t *r = &p->resp;
+    conn_tokens_t tokens;
+    char line[64];
+    unsigned i;
+    int n;
+
+    n = snprintf(line, sizeof(line), "HTTP/1.1 %03d ", r->status);
+    c->out_len = c->out_sent = 0;
+    ric_conn_out_append(c, line, (size_t) n);
+    ric_conn_out_append(c, p->buf + r->reason_off, r->reason_len);
+    ric_conn_out_append(c, "\r\n", 2);
+
+    collect_connection_tokens(p->buf, r, &tokens);
+    for (i = 0; i < r->nfields; i++) {
+        ric_str_t name = field_name(p->buf, r, i);
+        if (is_hop_by_hop(name, &tokens)
+            || (p->dechunk && ric_str_eq_lower(name, "transfer-encoding"))) {
+            continue;
+        }
+        /* name, ": ", value are contiguous in what the upstream sent only
+         * up to OWS, so copy the parts */
+        ric_conn_out_append(c, name.data, name.len);
+        ric_conn_out_append(c, ": ", 2);
+        ric_conn_out_append(c, p->buf + r->fields[i].value_off, r->fields[i].value_len);
+        ric_conn_out_append(c, "\r\n", 2);
+    }
+    if (c->close_after) {
+        ric_conn_out_append(c, "Connection: close\r\n", 19);
+    } else if (c->msg.version == 10) {
+        ric_conn_out_append(c, "Connection: keep-alive\r\n", 24);
+    }
+    ric_conn_out_append(c, "\r\n", 2);
+}
+
+static void
+got_head(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+    const ric_http_settings_t *s = c->settings;
+
+    ric_upstream_report(p->up, p->peer, 0, ric_now_ms());
+    record_attempt(p, "status", p->resp.status);
+    p->entry.upstream = p->peer->conf->addr_text;
+    p->state = P_BODY;
+    p->reusable = !p->early_answer;
+    p->body_left = p->resp.content_length;
+    ric_http_chunked_init(&p->chunked);
+    p->dechunk = p->resp.body == RIC_BODY_CHUNKED && c->msg.version == 10;
+    c->status = p->resp.status;
+
+    if (!c->msg.keep_alive || c->worker->shutting_down || s->keepalive_timeout == 0
+        || c->requests + 1 >= s->keepalive_requests || p->resp.body == RIC_BODY_CLOSE
+        || p->dechunk) {
+        c->close_after = 1;
+    }
+    p->relay_start = p->resp.head_len;
+    p->relay_end = p->resp.head_len;
+    if (scan_body(p, p->resp.head_len) != RIC_OK) {
+        /* nothing has reached the client yet: it gets a clean 502 */
+        p->state = P_HEAD;
+        p->reusable = 0;
+        p->entry.nattempts--;
+        fail(p, "bad_response", 502, 0, "upstream sent an invalid chunked body");
+        return;
+    }
+    build_client_head(p);
+    relay(p);
+}
+
+static void
+read_head(ric_proxy_t *p)
+{
+    ric_upconn_t *uc = p->uc;
+    ssize_t n;
+    int rc;
+
+    n = recv(uc->fd, p->buf + p->buf_len, PROXY_BUF_SIZE - p->buf_len, 0);
+    if (n == 0) {
+        fail(p, "reset", 502, 0, "upstream closed the connection before a complete response head");
+        return;
+    }
+    if (n == -1) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            return;
+        }
+        fail(p, "reset", 502, errno, "recv() failed");
+        return;
+    }
+    p->buf_len += (size_t) n;
+
+    for (;;) {
+        rc = ric_http_parse_response(&p->resp, p->buf, p->buf_len, p->c->msg.method);
+        if (rc == RIC_AGAIN) {
+            if (p->buf_len == PROXY_BUF_SIZE) {
+                fail(p, "bad_response", 502, 0, "upstream sent too big a response head");
+            }
+            return;
+        }
+        if (rc == RIC_ERROR) {
+            ric_log_error(RIC_LOG_ERR, 0, "upstream sent an invalid response: %s, client: %s, "
+                          "upstream: %s", p->resp.error_reason ? p->resp.error_reason : "?",
+                          p->c->peer, p->peer->conf->addr_text);
+            fail(p, "bad_response", 502, 0, "upstream sent an invalid response");
+            return;
+        }
+        if (p->resp.status >= 100 && p->resp.status < 200) {
+            if (p->resp.status == 101) {
+                fail(p, "bad_response", 502, 0, "upstream switched protocols unasked");
+                return;
+            }
+            /* interim responses (103 Early Hints...) are not passed on */
+            memmove(p->buf, p->buf + p->resp.head_len, p->buf_len - p->resp.head_len);
+            p->buf_len -= p->resp.head_len;
+            ric_http_msg_init(&p->resp);
+            continue;
+        }
+        got_head(p);
+        return;
+    }
+}
+
+/* --- relaying the body ------------------------------------------------------ */
+
+static void
+relay(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+    struct iovec iov[2];
+    int iovcnt;
+    ssize_t n;
+    size_t head_left, body_left;
+    struct timeval tv;
+
+    for (;;) {
+        head_left = c->out_len - c->out_sent;
+        body_left = p->relay_end - p->relay_start;
+        if (head_left == 0 && body_left == 0) {
+            break;
+        }
+        iovcnt = 0;
+        if (head_left) {
+            iov[iovcnt].iov_base = c->out + c->out_sent;
+            iov[iovcnt++].iov_len = head_left;
+        }
+        if (body_left) {
+            iov[iovcnt].iov_base = p->buf + p->relay_start;
+            iov[iovcnt++].iov_len = body_left;
+        }
+        n = writev(c->fd, iov, iovcnt);
+        if (n == -1) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                /* a slow client: stop reading the upstream until it drains,
+                 * so memory stays at one buffer */
+                if (!p->reading_paused && !p->resp_done) {
+                    ric_upconn_reading(p->uc, 0, 0);
+                    p->reading_paused = 1;
+                }
+                tv.tv_sec = (time_t) (c->settings->send_timeout / 1000);
+                tv.tv_usec = (suseconds_t) (c->settings->send_timeout % 1000) * 1000;
+                event_add(c->wev, &tv);
+                return;
+            }
+            abort_client(p, errno, "writev() to the client failed");
+            return;
+        }
+        p->entry.bytes += (uint64_t) n;
+        if ((size_t) n >= head_left) {
+            c->out_sent = c->out_len;
+            p->relay_start += (size_t) n - head_left;
+        } else {
+            c->out_sent += (size_t) n;
+        }
+    }
+
+    c->out_len = c->out_sent = 0;
+    if (p->resp_done) {
+        finish(p);
+        return;
+    }
+    /* everything relayed: the buffer is free for the next read */
+    p->buf_len = p->relay_start = p->relay_end = 0;
+    if (p->reading_paused) {
+        p->reading_paused = 0;
+        ric_upconn_reading(p->uc, 1, c->settings->proxy_read_timeout);
+    }
+}
+
+void
+ric_proxy_client_writable(ric_proxy_t *p)
+{
+    relay(p);
+}
+
+static void
+read_body(ric_proxy_t *p)
+{
+    ric_upconn_t *uc = p->uc;
+    size_t from = p->buf_len;
+    ssize_t n;
+
+    n = recv(uc->fd, p->buf + p->buf_len, PROXY_BUF_SIZE - p->buf_len, 0);
+    if (n == 0) {
+        if (p->resp.body == RIC_BODY_CLOSE) {
+            p->resp_done = 1;
+            p->reusable = 0;
+            relay(p);
+            return;
+        }
+        abort_client(p, 0, "upstream closed the connection before the end of the body");
+        return;
+    }
+    if (n == -1) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            return;
+        }
+        abort_client(p, errno, "recv() failed");
+        return;
+    }
+    p->buf_len += (size_t) n;
+    if (scan_body(p, from) != RIC_OK) {
+        abort_client(p, 0, "upstream sent an invalid chunked body");
+        return;
+    }
+    relay(p);
+}
+
+/* --- upstream events ------------------------------------------------------- */
+
+static void
+on_upstream_read(ric_upconn_t *uc, short what)
+{
+    ric_proxy_t *p = uc->owner;
+
+    if (what & EV_TIMEOUT) {
+        if (p->state == P_BODY) {
+            abort_client(p, 0, "upstream timed out (proxy_read_timeout)");
+        } else {
+            fail(p, "timeout", 504, 0, "upstream timed out (proxy_read_timeout)");
+        }
+        return;
+    }
+    switch (p->state) {
+    case P_CONNECTING:
+        return; /* the write event reports the connect */
+    case P_SENDING:
+        /* an early answer (an error while the body was still going up):
+         * read it; the connection is not reused */
+        event_del(&uc->wev);
+        p->state = P_HEAD;
+        p->early_answer = 1;
+        read_head(p);
+        return;
+    case P_HEAD:
+        read_head(p);
+        return;
+    case P_BODY:
+        read_body(p);
+        return;
+    }
+}
+
+static void
+send_request(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+    ric_upconn_t *uc = p->uc;
+    const ric_body_t *b = &c->body;
+    struct iovec iov[2];
+    int iovcnt;
+    ssize_t n;
+    uint64_t total = p->req_len + ric_body_size(b), at;
+    off_t off;
+
+    while (p->sent < total) {
+        at = p->sent;
+        if (at < p->req_len + b->mem_len) {
+            iovcnt = 0;
+            if (at < p->req_len) {
+                iov[iovcnt].iov_base = p->req + at;
+                iov[iovcnt++].iov_len = p->req_len - (size_t) at;
+                at = p->req_len;
+            }
+            if (b->mem_len > 0) {
+                size_t m = (size_t) (at - p->req_len);
+                iov[iovcnt].iov_base = b->mem + m;
+                iov[iovcnt++].iov_len = b->mem_len - m;
+            }
+            n = writev(uc->fd, iov, iovcnt);
+        } else {
+            off = (off_t) (at - p->req_len - b->mem_len);
+            n = sendfile(uc->fd, b->fd, &off, (size_t) ric_min(total - at, (uint64_t) 1 << 20));
+        }
+        if (n == -1) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                ric_upconn_want_write(uc, c->settings->proxy_send_timeout);
+                return;
+            }
+            fail(p, "reset", 502, errno, "sending the request failed");
+            return;
+        }
+        p->sent += (uint64_t) n;
+    }
+    p->state = P_HEAD;
+    ric_upconn_read_timeout(uc, c->settings->proxy_read_timeout);
+}
+
+static void
+on_upstream_write(ric_upconn_t *uc, short what)
+{
+    ric_proxy_t *p = uc->owner;
+    int err;
+
+    if (p->state == P_CONNECTING) {
+        if (what & EV_TIMEOUT) {
+            fail(p, "connect_error", 504, 0, "upstream timed out (proxy_connect_timeout)");
+            return;
+        }
+        err = ric_upconn_connect_result(uc);
+        if (err != 0) {
+            fail(p, "connect_error", 502, err, "connect() failed");
+            return;
+        }
+        p->state = P_SENDING;
+        send_request(p);
+        return;
+    }
+    if (p->state == P_SENDING) {
+        if (what & EV_TIMEOUT) {
+            fail(p, "timeout", 504, 0, "upstream timed out (proxy_send_timeout)");
+            return;
+        }
+        send_request(p);
+    }
+}
+
+/* --- start ------------------------------------------------------------------ */
+
+void
+ric_proxy_start(ric_conn_t *c)
+{
+    ric_proxy_t *p = ric_xcalloc(1, sizeof(*p));
+    ric_worker_t *w = c->worker;
+
+    p->c = c;
+    c->proxy = p;
+    c->state = RIC_CONN_PROXY;
+    p->up = &w->upstreams[c->location->upstream->index];
+    p->buf = ric_xmalloc(PROXY_BUF_SIZE);
+    ric_http_msg_init(&p->resp);
+    build_request(p);
+
+    p->attempt_start_us = ric_now_us();
+    p->peer = ric_upstream_pick(p->up, NULL, ric_now_ms());
+    p->uc = ric_upstream_pool_get(p->up, p->peer);
+    if (p->uc != NULL) {
+        p->reused = 1;
+        ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);
+        p->state = P_SENDING;
+        send_request(p);
+        return;
+    }
+    p->state = P_CONNECTING;
+    p->uc = ric_upconn_connect(p->up, p->peer);
+    if (p->uc == NULL) {
+        fail(p, "connect_error", 502, errno, "connect() failed");
+        return;
+    }
+    ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);
+    ric_upconn_read_timeout(p->uc, 0);
+    ric_upconn_want_write(p->uc, c->settings->proxy_connect_timeout);
+}

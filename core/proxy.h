@@ -1,0 +1,22 @@
+/* proxy.h: one proxied exchange: the request sent upstream, the response streamed back to the client. */
+#ifndef RIC_PROXY_H
+#define RIC_PROXY_H
+
+#include "ric_core.h"
+#include "access_log.h"
+#include "conn.h"
+#include "upstream.h"
+
+/* Starts proxying c's current request (its head parsed, its body, if any,
+ * read whole into c->body) to the location's upstream. The proxy then owns
+ * the exchange until it calls ric_conn_proxy_done or ric_conn_respond. */
+void ric_proxy_start(ric_conn_t *c);
+
+/* The client socket became writable (or its send_timeout fired). */
+void ric_proxy_client_writable(ric_proxy_t *p);
+
+/* The client went away: stop and release everything (the upstream
+ * connection is closed, never pooled half-read). */
+void ric_proxy_abort(ric_proxy_t *p);
+
+#endif /* RIC_PROXY_H */

@@ -1,0 +1,101 @@
+/* upstream.h: a worker's view of an upstream: weighted round robin, passive health, idle connection pool. */
+#ifndef RIC_UPSTREAM_H
+#define RIC_UPSTREAM_H
+
+#include "ric_core.h"
+#include "conf.h"
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+typedef struct ric_upstream_s ric_upstream_t;
+typedef struct ric_upconn_s ric_upconn_t;
+
+/* One server address with its balancing and health state (per worker). */
+typedef struct {
+    ric_upstream_server_t *conf;
+    int64_t current_weight; /* smooth weighted round robin */
+    int fails;              /* failures since fail_window_start */
+    int64_t fail_window_start;
+    int64_t down_until;     /* ms; 0: up */
+} ric_peer_t;
+
+typedef void (*ric_upconn_handler_pt)(ric_upconn_t *uc, short what);
+
+/* A connection to an upstream server. Its read event stays registered for
+ * the connection's whole life, in use and idle alike, so handing it between
+ * the pool and a request costs no system call. */
+struct ric_upconn_s {
+    int fd;
+    ric_peer_t *peer;
+    ric_upstream_t *upstream;
+    struct event rev; /* EV_READ | EV_PERSIST, always added */
+    struct event wev; /* added only while a write waits */
+    void *owner;      /* the request using it; NULL while idle in the pool */
+    ric_upconn_handler_pt on_read;  /* owner's handlers */
+    ric_upconn_handler_pt on_write;
+    int64_t requests; /* carried so far */
+    ric_upconn_t *prev, *next; /* pool list while idle */
+};
+
+struct ric_upstream_s {
+    ric_upstream_conf_t *conf;
+    ric_peer_t *peers;
+    int npeers;
+    ric_upconn_t *idle; /* most recently used first */
+    ric_upconn_t *idle_tail;
+    int nidle;
+    struct event_base *base;
+};
+
+/* Builds the runtime state of every upstream of conf for this worker; the
+ * array is indexed by ric_upstream_conf_t.index. Never fails (aborts on OOM). */
+ric_upstream_t *ric_upstream_init_all(ric_conf_t *conf, struct event_base *base);
+
+/* Closes idle connections and frees the array. */
+void ric_upstream_free_all(ric_upstream_t *ups, int n);
+
+/* Picks the next server by smooth weighted round robin among those not
+ * marked down, avoiding `avoid` when another is up. When every server is
+ * down, the one that comes back soonest. Never NULL. */
+ric_peer_t *ric_upstream_pick(ric_upstream_t *u, const ric_peer_t *avoid, int64_t now_ms);
+
+/* Passive health: a failed (connect error, timeout, bad response) or good
+ * exchange with p. max_fails failures within fail_timeout mark it down for
+ * fail_timeout (nginx semantics); an upstream of one server is never down. */
+void ric_upstream_report(ric_upstream_t *u, ric_peer_t *p, int failed, int64_t now_ms);
+
+/* Takes an idle connection to p from the pool, checking that the upstream
+ * has not closed it meanwhile; NULL when none is usable. */
+ric_upconn_t *ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p);
+
+/* Starts a non-blocking connect to p. Returns the connection (its write
+ * event tells when the connect completes: check ric_upconn_connect_result),
+ * or NULL with errno set when the connect failed at once. */
+ric_upconn_t *ric_upconn_connect(ric_upstream_t *u, ric_peer_t *p);
+
+/* After the write event of a connect: 0, or the socket error (errno value). */
+int ric_upconn_connect_result(ric_upconn_t *uc);
+
+/* Gives uc to owner: its events now call on_read / on_write (what is
+ * libevent's flags), with the read timeout given (ms, 0: none). */
+void ric_upconn_own(ric_upconn_t *uc, void *owner, ric_upconn_handler_pt on_read,
+                    ric_upconn_handler_pt on_write);
+
+/* Sets the read timeout of uc in ms (0: none) without touching epoll. */
+void ric_upconn_read_timeout(ric_upconn_t *uc, int64_t ms);
+
+/* Stops (0) or resumes (1) reading from uc: backpressure from a slow client. */
+void ric_upconn_reading(ric_upconn_t *uc, int on, int64_t timeout_ms);
+
+/* Waits for uc to be writable, for at most ms. */
+void ric_upconn_want_write(ric_upconn_t *uc, int64_t ms);
+
+/* Returns uc to the pool (the response was read whole and the upstream
+ * allows keep-alive), or closes it when the pool is full or keepalive 0. */
+void ric_upstream_pool_put(ric_upconn_t *uc);
+
+/* Closes uc and frees it. */
+void ric_upconn_close(ric_upconn_t *uc);
+
+#endif /* RIC_UPSTREAM_H */
