@@ -33,6 +33,7 @@ all: deps $(BUILD)/ricochet
 help:
 	@echo "make            build $(BUILD)/ricochet (installs missing Debian packages as root)"
 	@echo "make run        build and run the gateway on conf/ricochet.conf (127.0.0.1:8080)"
+	@echo "                in front of a demo upstream (127.0.0.1:9000)"
 	@echo "make test       build and run every test suite; ends with 'N passed, N failed'"
 	@echo "make asan       the whole suite under AddressSanitizer and UBSan"
 	@echo "make fuzz       run the libFuzzer targets for FUZZ_SECONDS (default 60) each"
@@ -69,8 +70,8 @@ $(BUILD)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_OBJ)
 $(BUILD)/obj:
 	mkdir -p $@
 
-run: deps $(BUILD)/ricochet
-	$(BUILD)/ricochet -p $(CURDIR) -c conf/ricochet.conf
+run: deps-test $(BUILD)/ricochet
+	@RICOCHET_BIN=$(BUILD)/ricochet sh contrib/demo/run.sh
 
 test: deps-test $(BUILD)/ricochet $(UNIT_BIN) $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/replay_%,$(FUZZ_SRC))
 	@BUILD=$(BUILD) sh tests/run

@@ -1,8 +1,15 @@
 #!/bin/sh
-# run.sh: wrk against ricochet and nginx, one worker each, on loopback; prints a table.
-# Today ricochet answers every request itself (404: no proxying yet), so this
-# measures the client side: accept, parse, answer, keep-alive. nginx does the
-# same with `return 404`. Runs are interleaved so that both see the same machine.
+# run.sh: the proxy benchmark. wrk drives three reverse proxies, one worker
+# each, all in front of the same upstream (an nginx serving a 1 KiB and a
+# 64 KiB file): nginx `proxy_pass`, HAProxy in http mode, and ricochet. Rounds
+# are interleaved so every proxy sees the same machine; prints a table.
+#
+# knobs: BENCH_DURATION (s per run, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS
+# (50), BENCH_THREADS (1), BENCH_WARMUP (s per proxy and size, 1; 0 skips),
+# BENCH_STRACE=1 (after the table, count each proxy worker's system calls per
+# request with `strace -c` during a BENCH_STRACE_DURATION (3) s wrk run),
+# RICOCHET_BIN (build/ricochet), BENCH_KEEP=1 (keep the temp dir and its logs).
+# POSIX sh: it runs under dash.
 set -eu
 cd "$(dirname "$0")/../.."
 BIN=${RICOCHET_BIN:-$PWD/build/ricochet}
@@ -10,46 +17,128 @@ DURATION=${BENCH_DURATION:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNECTIONS:-50}
 THREADS=${BENCH_THREADS:-1}
+WARMUP=${BENCH_WARMUP:-1}
+STRACE=${BENCH_STRACE:-0}
+STRACE_DURATION=${BENCH_STRACE_DURATION:-3}
+PROXIES="nginx haproxy ricochet"
+SIZES="1k 64k"
+
+die() {
+    echo "bench: $*" >&2
+    exit 1
+}
+
+for tool in wrk nginx haproxy luajit curl awk; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (contrib/deps.sh bench installs it)"
+done
+[ -x "$BIN" ] || die "$BIN is missing: run make first"
+
 dir=$(mktemp -d /tmp/ricochet-bench.XXXXXX)
 pids=""
 cleanup() {
+    trap - EXIT INT TERM
     for p in $pids; do kill "$p" 2>/dev/null || true; done
-    sleep 0.2
-    rm -rf "$dir"
+    # give masters their grace, then make sure nothing is left
+    i=0
+    while [ $i -lt 30 ]; do
+        alive=""
+        for p in $pids; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+        [ -z "$alive" ] && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then
+        echo "bench: logs kept in $dir" >&2
+    else
+        rm -rf "$dir"
+    fi
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-free_port() {
-    luajit -e 'local s=require("socket").bind("127.0.0.1",0); local _,p=s:getsockname(); print(p); s:close()'
+# Four distinct free ports: all bound at once, then released.
+set -- $(luajit -e '
+local socket = require("socket")
+local s = {}
+for i = 1, 4 do
+    s[i] = assert(socket.bind("127.0.0.1", 0))
+    local _, p = s[i]:getsockname()
+    io.write(p, " ")
+end
+for i = 1, 4 do s[i]:close() end
+') || die "cannot pick free ports (luajit with lua-socket is needed)"
+[ $# -eq 4 ] || die "cannot pick free ports"
+uport=$1 nport=$2 hport=$3 rport=$4
+
+port_of() {
+    case "$1" in
+    upstream) echo "$uport" ;;
+    nginx) echo "$nport" ;;
+    haproxy) echo "$hport" ;;
+    ricochet) echo "$rport" ;;
+    esac
 }
 
-wait_port() {
+bytes_of() {
+    case "$1" in
+    1k) echo 1024 ;;
+    64k) echo 65536 ;;
+    esac
+}
+
+wait_port() { # name port pid
     i=0
     while [ $i -lt 100 ]; do
-        if luajit -e "local s=require('socket').connect('127.0.0.1',$1); os.exit(s and 0 or 1)" 2>/dev/null; then
+        kill -0 "$3" 2>/dev/null || die "$1 exited at start; its log: $(cat "$dir/$1.err" 2>/dev/null)"
+        if luajit -e "local s=require('socket').connect('127.0.0.1',$2); os.exit(s and 0 or 1)" 2>/dev/null; then
             return 0
         fi
         sleep 0.05
         i=$((i + 1))
     done
-    echo "port $1 did not open" >&2
-    exit 1
+    die "$1 did not open 127.0.0.1:$2; its log: $(cat "$dir/$1.err" 2>/dev/null)"
 }
 
-rport=$(free_port)
-nport=$(free_port)
+# --- the upstream: nginx, one worker, two fixed-size static files ------------
+mkdir -p "$dir/www" "$dir/upstream/logs" "$dir/nginx/logs"
+# nginx started as root serves the files as its unprivileged worker user
+chmod 755 "$dir" "$dir/www"
+head -c 1024 /dev/zero | tr '\0' 'a' > "$dir/www/1k"
+head -c 65536 /dev/zero | tr '\0' 'b' > "$dir/www/64k"
+chmod 644 "$dir/www/1k" "$dir/www/64k"
 
-cat > "$dir/ricochet.conf" <<CONF
+cat > "$dir/upstream/nginx.conf" <<CONF
 worker_processes 1;
-error_log stderr error;
+daemon off;
+pid $dir/upstream/nginx.pid;
+error_log $dir/upstream/logs/error.log error;
+events { worker_connections 1024; }
 http {
-    server { listen 127.0.0.1:$rport; location / {} }
+    access_log off;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    open_file_cache max=16 inactive=1h;
+    open_file_cache_valid 1h;
+    etag off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    server {
+        listen 127.0.0.1:$uport;
+        root $dir/www;
+        location = /1k { }
+        location = /64k { }
+        location / { return 404; }
+    }
 }
 CONF
-"$BIN" -p "$dir" -c "$dir/ricochet.conf" 2> "$dir/ricochet.err" &
+nginx -p "$dir/upstream" -c "$dir/upstream/nginx.conf" 2> "$dir/upstream.err" &
 pids="$pids $!"
+upid=$!
 
-mkdir -p "$dir/nginx/logs"
+# --- proxy 1: nginx proxy_pass with a keep-alive upstream pool ---------------
 cat > "$dir/nginx/nginx.conf" <<CONF
 worker_processes 1;
 daemon off;
@@ -58,35 +147,219 @@ error_log $dir/nginx/logs/error.log error;
 events { worker_connections 1024; }
 http {
     access_log off;
-    keepalive_requests 1000;
-    server { listen 127.0.0.1:$nport; location / { return 404 "404 Not Found\n"; } }
+    upstream backend { server 127.0.0.1:$uport; keepalive 64; }
+    server {
+        listen 127.0.0.1:$nport;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
 }
 CONF
 nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
 pids="$pids $!"
-wait_port "$rport"
-wait_port "$nport"
+npid=$!
 
-# wrk prints "Requests/sec: N" and, with --latency, "99% Xms"
-run_wrk() { # port -> "rps p99"
-    out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:$1/" 2>&1)
-    rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-    p99=$(echo "$out" | awk '$1 == "99%" {print $2}')
-    echo "$rps $p99"
+# --- proxy 2: HAProxy, one thread, server connections reused -----------------
+cat > "$dir/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 75s
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$hport
+    default_backend be
+backend be
+    server up1 127.0.0.1:$uport
+CONF
+haproxy -db -f "$dir/haproxy.cfg" > "$dir/haproxy.err" 2>&1 &
+pids="$pids $!"
+hpid=$!
+
+# --- proxy 3: ricochet --------------------------------------------------------
+cat > "$dir/ricochet.conf" <<CONF
+worker_processes 1;
+error_log stderr error;
+http {
+    access_log off;
+    upstream backend { server 127.0.0.1:$uport; keepalive 64; }
+    server { listen 127.0.0.1:$rport; location / { proxy_pass http://backend; } }
+}
+CONF
+"$BIN" -p "$dir" -c "$dir/ricochet.conf" 2> "$dir/ricochet.err" &
+pids="$pids $!"
+rpid=$!
+
+wait_port upstream "$uport" "$upid"
+wait_port nginx "$nport" "$npid"
+wait_port haproxy "$hport" "$hpid"
+wait_port ricochet "$rport" "$rpid"
+
+# The process doing the proxying: the single worker of nginx and ricochet,
+# HAProxy's only process.
+worker_of() {
+    case "$1" in
+    nginx) pgrep -P "$npid" | head -n 1 ;;
+    haproxy) echo "$hpid" ;;
+    ricochet) pgrep -P "$rpid" | head -n 1 ;;
+    esac
 }
 
-echo "wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS interleaved rounds, one worker each"
-r_sum=0; n_sum=0
-printf '%-6s %-10s %12s %10s\n' round server 'requests/s' p99
+# --- sanity: one request per proxy and size: 200 and the exact body length ---
+for name in upstream $PROXIES; do
+    for size in $SIZES; do
+        url="http://127.0.0.1:$(port_of "$name")/$size"
+        want=$(bytes_of "$size")
+        got=$(curl -sS -m 5 -o "$dir/body" -w '%{http_code} %{size_download}' "$url" 2> "$dir/curl.err") ||
+            got="curl failed: $(cat "$dir/curl.err")"
+        if [ "$got" != "200 $want" ] || ! cmp -s "$dir/body" "$dir/www/$size"; then
+            echo "bench: sanity check failed: curl $url" >&2
+            echo "bench:   wanted \"200 $want\" and the file's bytes, got \"$got\"" >&2
+            [ -s "$dir/$name.err" ] && { echo "bench: $name's stderr:" >&2; cat "$dir/$name.err" >&2; }
+            [ -f "$dir/$name/logs/error.log" ] && { echo "bench: $name's error log:" >&2; cat "$dir/$name/logs/error.log" >&2; }
+            exit 1
+        fi
+    done
+done
+
+workers=""
+for name in $PROXIES; do
+    w=$(worker_of "$name")
+    [ -n "$w" ] || die "no worker process found for $name"
+    workers="$workers $name=$w"
+done
+
+# A proxy that died or whose worker was replaced (a crash the master repaired)
+# invalidates the run.
+check_alive() { # name
+    for kv in $workers; do
+        [ "${kv%%=*}" = "$1" ] || continue
+        w=${kv#*=}
+        now=$(worker_of "$1" || true)
+        if ! kill -0 "$w" 2>/dev/null || [ "$now" != "$w" ]; then
+            echo "bench: $1's worker $w is gone (now: ${now:-none}) after: $2" >&2
+            [ -s "$dir/$1.err" ] && { echo "bench: $1's stderr:" >&2; cat "$dir/$1.err" >&2; }
+            [ -f "$dir/$1/logs/error.log" ] && { echo "bench: $1's error log:" >&2; cat "$dir/$1/logs/error.log" >&2; }
+            exit 1
+        fi
+    done
+}
+
+# wrk prints "Requests/sec: N", with --latency "99% X{us,ms,s}", and on
+# trouble "Non-2xx or 3xx responses: N" and "Socket errors: connect N, ...".
+# -> "rps p99_ms errors"
+run_wrk() { # name size seconds
+    cmd="wrk -t$THREADS -c$CONNS -d${3}s --latency http://127.0.0.1:$(port_of "$1")/$2"
+    $cmd > "$dir/wrk.out" 2>&1 || die "$cmd failed: $(cat "$dir/wrk.out")"
+    check_alive "$1" "$cmd"
+    awk '
+    /Requests\/sec/ { rps = $2 }
+    $1 == "99%" {
+        v = $2; u = v; sub(/^[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
+        p99 = (u == "us") ? v / 1000 : (u == "s") ? v * 1000 : (u == "m") ? v * 60000 : v
+    }
+    /Non-2xx or 3xx responses/ { err += $NF }
+    /Socket errors/ { gsub(/,/, ""); err += $4 + $6 + $8 + $10 }
+    END {
+        if (rps == "" || p99 == "") exit 1
+        printf "%s %.3f %d\n", rps, p99, err
+    }' "$dir/wrk.out" || die "cannot read wrk output of $cmd: $(cat "$dir/wrk.out")"
+}
+
+echo "upstream: nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, static /1k (1024 B) and /64k (65536 B)"
+echo "proxies: nginx proxy_pass, $(haproxy -v | awk 'NR == 1 {print "HAProxy " $3}'), ricochet $("$BIN" -v 2>&1 | awk 'NR == 1 {print $NF}'); one worker each"
+echo "each run: wrk -t$THREADS -c$CONNS -d${DURATION}s --latency http://127.0.0.1:PORT/{1k,64k}"
+echo "$ROUNDS interleaved rounds ($PROXIES), $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
+echo
+
+if [ "$WARMUP" != 0 ]; then
+    for size in $SIZES; do
+        for name in $PROXIES; do
+            run_wrk "$name" "$size" "$WARMUP" > /dev/null
+        done
+    done
+fi
+
+: > "$dir/results"
+printf '%-6s %-5s %-9s %12s %10s %7s\n' round size proxy 'requests/s' 'p99 ms' errors
 round=1
 while [ $round -le "$ROUNDS" ]; do
-    set -- $(run_wrk "$nport"); n=$1; np=$2
-    set -- $(run_wrk "$rport"); r=$1; rp=$2
-    printf '%-6s %-10s %12s %10s\n' "$round" nginx "$n" "$np"
-    printf '%-6s %-10s %12s %10s\n' "$round" ricochet "$r" "$rp"
-    r_sum=$(echo "$r_sum + $r" | bc -l); n_sum=$(echo "$n_sum + $n" | bc -l)
+    for size in $SIZES; do
+        for name in $PROXIES; do
+            set -- $(run_wrk "$name" "$size" "$DURATION")
+            printf '%-6s %-5s %-9s %12s %10s %7s\n' "$round" "$size" "$name" "$1" "$2" "$3"
+            echo "$size $name $1 $2 $3" >> "$dir/results"
+        done
+    done
     round=$((round + 1))
 done
-printf 'mean: nginx %.0f req/s, ricochet %.0f req/s, ratio ricochet/nginx %.2f\n' \
-    "$(echo "$n_sum / $ROUNDS" | bc -l)" "$(echo "$r_sum / $ROUNDS" | bc -l)" \
-    "$(echo "$r_sum / $n_sum" | bc -l)"
+
+echo
+echo "summary: requests/s mean over $ROUNDS rounds, p99 median over rounds, ratio = requests/s / nginx's"
+awk -v sizes="$SIZES" -v proxies="$PROXIES" '
+{ k = $1 " " $2; n[k]++; sum[k] += $3; p[k, n[k]] = $4; err[k] += $5 }
+function median(k,    i, j, t, a, m) {
+    m = n[k]
+    for (i = 1; i <= m; i++) a[i] = p[k, i]
+    for (i = 2; i <= m; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+}
+END {
+    printf "%-9s %-9s %12s %10s %9s %7s\n", "scenario", "proxy", "requests/s", "p99 ms", "vs nginx", "errors"
+    ns = split(sizes, S, " "); np = split(proxies, P, " ")
+    for (i = 1; i <= ns; i++) {
+        base = sum[S[i] " nginx"] / n[S[i] " nginx"]
+        for (j = 1; j <= np; j++) {
+            k = S[i] " " P[j]
+            mean = sum[k] / n[k]
+            printf "%-9s %-9s %12.0f %10.2f %9.2f %7d\n", S[i], P[j], mean, median(k), mean / base, err[k]
+        }
+    }
+}' "$dir/results"
+
+for name in $PROXIES; do check_alive "$name" "the last run"; done
+if [ -s "$dir/ricochet.err" ]; then
+    echo
+    echo "ricochet's stderr (error level):"
+    cat "$dir/ricochet.err"
+fi
+
+# --- optional: system calls per request --------------------------------------
+if [ "$STRACE" = 1 ]; then
+    command -v strace >/dev/null 2>&1 || die "strace is missing"
+    echo
+    echo "system calls per request: strace -c -f -p WORKER during wrk -t$THREADS -c$CONNS -d${STRACE_DURATION}s (slowed by strace)"
+    for size in $SIZES; do
+        for name in $PROXIES; do
+            w=$(worker_of "$name")
+            strace -c -f -p "$w" -o "$dir/strace.out" 2> "$dir/strace.err" &
+            spid=$!
+            sleep 0.5
+            cmd="wrk -t$THREADS -c$CONNS -d${STRACE_DURATION}s --latency http://127.0.0.1:$(port_of "$name")/$size"
+            $cmd > "$dir/wrk.out" 2>&1 || true
+            kill -INT "$spid" 2>/dev/null || true
+            wait "$spid" || true
+            check_alive "$name" "$cmd under strace"
+            reqs=$(awk '/requests in/ {print $1}' "$dir/wrk.out")
+            [ -n "$reqs" ] && [ "$reqs" -gt 0 ] || die "no requests in $cmd under strace: $(cat "$dir/wrk.out")"
+            # strace -c: "% time seconds usecs/call calls [errors] syscall"; the last line is "total"
+            awk -v name="$name" -v size="$size" -v reqs="$reqs" '
+            $1 ~ /^[0-9.]+$/ && $NF != "total" && NF >= 5 { c[$NF] = $4; order[++m] = $NF }
+            $NF == "total" { total = $3 }
+            END {
+                line = ""
+                for (i = 1; i <= m; i++) if (c[order[i]] / reqs >= 0.01)
+                    line = line sprintf(" %s %.2f", order[i], c[order[i]] / reqs)
+                printf "%-4s %-9s %8d requests %6.2f calls/request:%s\n", size, name, reqs, total / reqs, line
+            }' "$dir/strace.out"
+        done
+    done
+fi

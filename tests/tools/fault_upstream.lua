@@ -2,7 +2,7 @@
 --
 -- Usage: luajit tests/tools/fault_upstream.lua [--port N] [--host 127.0.0.1] [--max-seconds N] [--verbose]
 -- Prints "listening HOST:PORT" once ready. Control API (never recorded as hits):
---   POST /__fault/program  {"default": R, "sequence": [R...], "routes": {"/p": {"default": R, "sequence": [R...]}},
+--   POST /__fault/program  {"default": R, "sequence": [R...], "cycle": bool, "routes": {"/p": {"default": R, "sequence": [R...]}},
 --                           "merge": false}
 --   GET  /__fault/hits[?since=N&bodies=0]   POST /__fault/reset   GET /__fault/stats
 -- R (a response) fields: status reason headers body body_hex body_size chunked chunk_size chunk_delay_ms trailers
@@ -55,7 +55,7 @@ end
 
 local function usage(msg)
     io.stderr:write("fault_upstream: ", msg, "\n",
-        "usage: luajit fault_upstream.lua [--port N] [--host 127.0.0.1] [--max-seconds N] [--verbose]\n")
+        "usage: luajit fault_upstream.lua [--port N] [--host 127.0.0.1] [--max-seconds N] [--program FILE] [--verbose]\n")
     os.exit(2)
 end
 
@@ -67,6 +67,7 @@ local function parse_args(argv)
         elseif a == "--host" then opts.host = v; i = i + 2
         elseif a == "--max-seconds" then opts.max_seconds = tonumber(v); i = i + 2
         elseif a == "--verbose" or a == "-v" then opts.verbose = true; i = i + 1
+        elseif a == "--program" then opts.program_file = v; i = i + 2
         else usage("unknown argument " .. tostring(a)) end
     end
     if not opts.port or not opts.max_seconds or not opts.host then usage("bad argument value") end
@@ -390,7 +391,8 @@ end
 local function new_slot(spec, where)
     spec = null_to_nil(spec) or {}
     if type(spec) ~= "table" then error(where .. ": must be an object", 0) end
-    local slot = { default = check_response(spec.default, where .. ".default"), sequence = {}, pos = 0 }
+    local slot = { default = check_response(spec.default, where .. ".default"), sequence = {}, pos = 0,
+        cycle = spec.cycle == true }
     for i, r in ipairs(null_to_nil(spec.sequence) or {}) do
         slot.sequence[i] = check_response(r, ("%s.sequence[%d]"):format(where, i))
     end
@@ -407,7 +409,7 @@ local function apply_program(body)
     local prog = { global = base.global, routes = {} }
     for path, slot in pairs(base.routes) do prog.routes[path] = slot end
     if not body.merge or body.default ~= nil or body.sequence ~= nil then
-        prog.global = new_slot({ default = body.default, sequence = body.sequence }, "program")
+        prog.global = new_slot({ default = body.default, sequence = body.sequence, cycle = body.cycle }, "program")
     end
     local routes = null_to_nil(body.routes)
     if routes ~= nil then
@@ -422,6 +424,7 @@ local function pick_response(path)
     local prog = state.program
     local slot = prog.routes[path] or prog.global
     slot.pos = slot.pos + 1
+    if slot.cycle and #slot.sequence > 0 and slot.pos > #slot.sequence then slot.pos = 1 end
     return slot.sequence[slot.pos] or slot.default or prog.global.default or DEFAULT_RESPONSE
 end
 
@@ -764,6 +767,13 @@ end
 local function main(argv)
     parse_args(argv)
     state.program = empty_program()
+    if opts.program_file then
+        local f = io.open(opts.program_file, "rb")
+        if not f then usage("cannot read " .. opts.program_file) end
+        local ok, err = pcall(apply_program, cjson.decode(f:read("*a")))
+        f:close()
+        if not ok then usage(opts.program_file .. ": " .. tostring(err)) end
+    end
     local server = assert(socket.tcp())
     server:setoption("reuseaddr", true)
     local ok, err = server:bind(opts.host, opts.port)
