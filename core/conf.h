@@ -27,6 +27,7 @@
 #define RIC_CONF_TAKE12 (RIC_CONF_TAKE1 | RIC_CONF_TAKE2)
 #define RIC_CONF_1MORE 0x100
 #define RIC_CONF_BLOCK 0x200
+#define RIC_CONF_REF 0x400 /* offset is of a pointer in ric_http_refs_t, NULL when unset */
 
 /* Settings inherited http → server → location. Every field starts UNSET and
  * is filled from its parent, and at the http level from the directive
@@ -43,7 +44,26 @@ typedef struct {
     int64_t proxy_connect_timeout;
     int64_t proxy_send_timeout;
     int64_t proxy_read_timeout;
+    int64_t retry_attempts;
+    int64_t retry_backoff_initial;
+    int64_t retry_backoff_max;
+    int64_t retry_backoff_factor_milli; /* FACTOR * 1000 */
+    int64_t retry_backoff_jitter;       /* ric_jitter_t */
+    int64_t retry_timeout;
+    int64_t per_try_timeout;
+    int64_t retry_after_max;
+    int64_t retry_budget_permille;      /* RATIO * 1000 */
+    int64_t retry_budget_min;           /* retries per second */
+    int64_t retries;
+    int64_t retry_body_max;
+    int64_t idempotency_key;            /* RIC_IDEMPOTENCY_* */
 } ric_http_settings_t;
+
+#define RIC_IDEMPOTENCY_OFF 0
+#define RIC_IDEMPOTENCY_ON 1
+#define RIC_IDEMPOTENCY_AUTO 2
+
+
 
 /* What a "$name" in a proxy_set_header value stands for. */
 typedef enum {
@@ -90,6 +110,10 @@ typedef struct {
     ric_header_set_t *headers;
     ric_access_log_t *access_log;
     char *body_temp_path;
+    struct ric_retry_on_s *retry_on;
+    char *client_deadline_header;
+    char *idempotency_key_header;
+    char *retry_attempt_header; /* "" when off */
 } ric_http_refs_t;
 
 struct ric_location_conf_s {

@@ -1,5 +1,7 @@
 /* conf_directives.c: the directive table, its handlers, defaults and inheritance. */
 #include "conf_parse.h"
+#include "backoff.h"
+#include "retry.h"
 
 #include <arpa/inet.h>
 #include <glob.h>
@@ -13,6 +15,7 @@
 #define SETTINGS(field) offsetof(ric_http_settings_t, field)
 #define MAIN(field) offsetof(ric_conf_t, field)
 #define UPS(field) offsetof(ric_upstream_conf_t, field)
+#define REFS(field) offsetof(ric_http_refs_t, field)
 #define SETTINGS_CTX (RIC_CONF_HTTP | RIC_CONF_SRV | RIC_CONF_LOC)
 
 static int64_t *
@@ -767,6 +770,182 @@ set_body_temp_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return NULL;
 }
 
+static const char *
+set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_settings_t *s = conf;
+    int64_t initial, max, factor_milli = 2000;
+    ric_jitter_t jitter = RIC_JITTER_FULL;
+    char *end;
+    double factor;
+    int i;
+
+    if (s->retry_backoff_initial != RIC_CONF_UNSET) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    if (ric_conf_parse_time(cf->args[1], &initial) != RIC_OK || initial == 0) {
+        return ric_conf_reason(cf, "invalid INITIAL \"%s\" in \"%s\": expected a time above 0",
+                               cf->args[1], cmd->name);
+    }
+    if (ric_conf_parse_time(cf->args[2], &max) != RIC_OK) {
+        return ric_conf_reason(cf, "invalid MAX \"%s\" in \"%s\": expected a time", cf->args[2],
+                               cmd->name);
+    }
+    if (initial > max) {
+        return ric_conf_reason(cf, "INITIAL %s is above MAX %s in \"%s\"", cf->args[1],
+                               cf->args[2], cmd->name);
+    }
+    for (i = 3; i < cf->nargs; i++) {
+        if (strncmp(cf->args[i], "jitter=", 7) == 0) {
+            if (ric_backoff_parse_jitter(cf->args[i], &jitter) != RIC_OK) {
+                return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected jitter=full, "
+                                       "jitter=equal or jitter=none", cf->args[i], cmd->name);
+            }
+            continue;
+        }
+        if (i != 3) {
+            return ric_conf_reason(cf, "invalid parameter \"%s\" in \"%s\"", cf->args[i],
+                                   cmd->name);
+        }
+        factor = strtod(cf->args[i], &end);
+        if (*end != '\0' || end == cf->args[i] || !(factor >= 1.0) || factor > 1000.0) {
+            return ric_conf_reason(cf, "invalid FACTOR \"%s\" in \"%s\": expected a number "
+                                   "from 1 to 1000", cf->args[i], cmd->name);
+        }
+        factor_milli = (int64_t) (factor * 1000.0 + 0.5);
+    }
+    s->retry_backoff_initial = initial;
+    s->retry_backoff_max = max;
+    s->retry_backoff_factor_milli = factor_milli;
+    s->retry_backoff_jitter = jitter;
+    return NULL;
+}
+
+static const char *
+set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_settings_t *s = conf;
+    const char *a = cf->args[1];
+    size_t len = strlen(a);
+    char *end;
+    double ratio;
+    int64_t min = 0;
+
+    if (s->retry_budget_permille != RIC_CONF_UNSET) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    ratio = strtod(a, &end);
+    if (end == a || !(ratio >= 0.0)) {
+        goto bad_ratio;
+    }
+    if (*end == '%' && end[1] == '\0' && len > 1) {
+        ratio /= 100.0;
+    } else if (*end != '\0') {
+        goto bad_ratio;
+    }
+    if (ratio > 100.0) {
+        goto bad_ratio;
+    }
+    if (cf->nargs == 3) {
+        const char *m = cf->args[2];
+        char digits[32];
+        size_t n;
+        if (strncmp(m, "min=", 4) != 0 || (n = strlen(m + 4)) < 3
+            || strcmp(m + 4 + n - 2, "/s") != 0 || n - 2 >= sizeof(digits)) {
+            return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected min=N/s", m,
+                                   cmd->name);
+        }
+        memcpy(digits, m + 4, n - 2);
+        digits[n - 2] = '\0';
+        if (ric_conf_parse_number(digits, &min) != RIC_OK || min > 1000000) {
+            return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected min=N/s", m,
+                                   cmd->name);
+        }
+    }
+    s->retry_budget_permille = (int64_t) (ratio * 1000.0 + 0.5);
+    s->retry_budget_min = min;
+    return NULL;
+
+bad_ratio:
+    return ric_conf_reason(cf, "invalid RATIO \"%s\" in \"%s\": expected a percentage like "
+                           "20%% or a fraction like 0.2", a, cmd->name);
+}
+
+static const char *
+set_idempotency_key(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = check_unset(cf, cmd, conf);
+    const char *a = cf->args[1];
+
+    if (dup) {
+        return dup;
+    }
+    if (strcmp(a, "off") == 0) {
+        *field_at(conf, cmd) = RIC_IDEMPOTENCY_OFF;
+    } else if (strcmp(a, "on") == 0) {
+        *field_at(conf, cmd) = RIC_IDEMPOTENCY_ON;
+    } else if (strcmp(a, "auto") == 0) {
+        *field_at(conf, cmd) = RIC_IDEMPOTENCY_AUTO;
+    } else {
+        return bad_value(cf, cmd, "it must be \"off\", \"on\" or \"auto\"");
+    }
+    return NULL;
+}
+
+static char **
+ref_at(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd)
+{
+    return (char **) ((char *) current_refs(cf) + cmd->offset);
+}
+
+static const char *
+set_retry_on(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_retry_on_t *on;
+    const char *bad;
+
+    (void) conf;
+    if (*ref_at(cf, cmd) != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    on = ric_pcalloc(cf->pool, sizeof(*on));
+    bad = ric_retry_on_parse(on, cf->args + 1, cf->nargs - 1);
+    if (bad != NULL) {
+        return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected connect_error, "
+                               "reset, timeout, bad_response, 4xx, 5xx or a status from 100 "
+                               "to 599", bad, cmd->name);
+    }
+    *(ric_retry_on_t **) ref_at(cf, cmd) = on;
+    return NULL;
+}
+
+/* A header name directive; "off" (where allowed) is stored as "". */
+static const char *
+set_header_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *p;
+
+    (void) conf;
+    if (*ref_at(cf, cmd) != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    if (strcmp(cf->args[1], "off") == 0 && strcmp(cmd->name, "retry_attempt_header") == 0) {
+        *ref_at(cf, cmd) = ric_pstrdup(cf->pool, "");
+        return NULL;
+    }
+    for (p = cf->args[1]; *p; p++) {
+        if (!is_var_char(*p) && !strchr("!#$%&'*+-.^`|~", *p)) {
+            break;
+        }
+    }
+    if (*p != '\0' || cf->args[1][0] == '\0') {
+        return ric_conf_reason(cf, "invalid header name \"%s\" in \"%s\"", cf->args[1],
+                               cmd->name);
+    }
+    *ref_at(cf, cmd) = ric_pstrdup(cf->pool, cf->args[1]);
+    return NULL;
+}
+
 const ric_conf_cmd_t ric_conf_commands[] = {
     { "worker_processes", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_worker_processes,
       MAIN(worker_processes), "auto",
@@ -823,8 +1002,8 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "client_body_buffer_size", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
       SETTINGS(client_body_buffer_size), "64k",
       "request body bytes kept in memory; the rest goes to a temp file" },
-    { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1, set_body_temp_path,
-      RIC_CONF_NO_OFFSET, "/tmp", "directory for request bodies larger than the buffer" },
+    { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_body_temp_path,
+      REFS(body_temp_path), "/tmp", "directory for request bodies larger than the buffer" },
     { "proxy_pass", RIC_CONF_LOC, RIC_CONF_TAKE1, set_proxy_pass, RIC_CONF_NO_OFFSET, NULL,
       "http://UPSTREAM | http://HOST:PORT: where the location's requests go" },
     { "proxy_set_header", SETTINGS_CTX, RIC_CONF_TAKE2, set_proxy_set_header,
@@ -837,8 +1016,40 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "proxy_read_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
       SETTINGS(proxy_read_timeout), "60s",
       "longest pause between two reads of the upstream's response" },
-    { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1, set_access_log, RIC_CONF_NO_OFFSET, "off",
-      "FILE | stdout | stderr | off: one JSON line per request" },
+    { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_access_log,
+      REFS(access_log), "off", "FILE | stdout | stderr | off: one JSON line per request" },
+    { "retries", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag, SETTINGS(retries), "on",
+      "the kill switch: off makes every request a single attempt" },
+    { "retry_attempts", SETTINGS_CTX, RIC_CONF_TAKE1, set_num, SETTINGS(retry_attempts), "5",
+      "attempts in total, the first included; 0: bounded by retry_timeout only" },
+    { "retry_backoff", SETTINGS_CTX, RIC_CONF_TAKE2 | RIC_CONF_TAKE3 | RIC_CONF_TAKE4,
+      set_retry_backoff, SETTINGS(retry_backoff_initial), "250ms 5s 2 jitter=full",
+      "INITIAL MAX [FACTOR] [jitter=full|equal|none]: the wait before each retry" },
+    { "retry_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(retry_timeout), "30s",
+      "the whole request's deadline: every attempt and every wait" },
+    { "per_try_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(per_try_timeout),
+      "10s", "one attempt, until its response head" },
+    { "retry_on", SETTINGS_CTX, RIC_CONF_1MORE | RIC_CONF_REF, set_retry_on, REFS(retry_on),
+      "connect_error reset timeout 502 503 504 429",
+      "outcomes and statuses worth a retry" },
+    { "retry_after_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(retry_after_max),
+      "30s", "the longest Retry-After honoured; longer ones fall back to backoff" },
+    { "retry_budget", SETTINGS_CTX, RIC_CONF_TAKE12, set_retry_budget,
+      SETTINGS(retry_budget_permille), "20% min=10/s",
+      "RATIO [min=N/s]: retries allowed per upstream over a sliding 10 s window" },
+    { "retry_body_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_size, SETTINGS(retry_body_max), "1m",
+      "largest request body kept for replay; larger ones get one attempt" },
+    { "client_deadline_header", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_header_name,
+      REFS(client_deadline_header), "X-Request-Timeout",
+      "the client's own time budget (ms, or 1.5s); the rest is sent upstream in it" },
+    { "retry_attempt_header", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_header_name,
+      REFS(retry_attempt_header), "X-Ricochet-Attempt",
+      "NAME | off: the attempt number sent upstream" },
+    { "idempotency_key", SETTINGS_CTX, RIC_CONF_TAKE1, set_idempotency_key,
+      SETTINGS(idempotency_key), "off",
+      "off | on | auto: the route's upstream honours idempotency keys" },
+    { "idempotency_key_header", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_header_name,
+      REFS(idempotency_key_header), "Idempotency-Key", "the idempotency key's header" },
     { NULL, 0, 0, NULL, 0, NULL, NULL }
 };
 
@@ -849,18 +1060,36 @@ ric_conf_apply_defaults(ric_conf_parse_t *cf, unsigned ctx, void *conf)
     char *name;
     const char *reason;
 
+    char *copy, *word, *save;
+    unsigned saved_ctx = cf->ctx;
+
     for (cmd = ric_conf_commands; cmd->name != NULL; cmd++) {
         if (!(cmd->contexts & ctx) || cmd->offset == RIC_CONF_NO_OFFSET
-            || cmd->default_value == NULL || *field_at(conf, cmd) != RIC_CONF_UNSET) {
+            || cmd->default_value == NULL) {
+            continue;
+        }
+        if (cmd->arity & RIC_CONF_REF) {
+            /* refs live beside the settings of the http level */
+            if (ctx != RIC_CONF_HTTP
+                || *(void **) ((char *) &cf->conf->http->refs + cmd->offset) != NULL) {
+                continue;
+            }
+        } else if (*field_at(conf, cmd) != RIC_CONF_UNSET) {
             continue;
         }
         /* defaults go through the same parser as the config text, so the
          * documented value and the effective one cannot drift apart */
         name = (char *) cmd->name;
         cf->args[0] = name;
-        cf->args[1] = (char *) cmd->default_value;
-        cf->nargs = 2;
+        cf->nargs = 1;
+        copy = ric_pstrdup(cf->pool, cmd->default_value);
+        for (word = strtok_r(copy, " ", &save); word && cf->nargs < RIC_CONF_MAX_ARGS;
+             word = strtok_r(NULL, " ", &save)) {
+            cf->args[cf->nargs++] = word;
+        }
+        cf->ctx = ctx;
         reason = cmd->set(cf, cmd, conf);
+        cf->ctx = saved_ctx;
         if (reason != NULL) {
             snprintf(cf->err, cf->errlen, "default of \"%s\": %s", cmd->name, reason);
             return RIC_ERROR;
@@ -937,15 +1166,29 @@ build_listeners(ric_conf_parse_t *cf)
 static void
 refs_merge(ric_http_refs_t *child, const ric_http_refs_t *parent)
 {
-    if (child->headers == NULL) {
-        child->headers = parent->headers;
+    void **c = (void **) child;
+    void *const *p = (void *const *) parent;
+    size_t i;
+
+    /* every field is a pointer, NULL when the level did not set it */
+    for (i = 0; i < sizeof(*child) / sizeof(void *); i++) {
+        if (c[i] == NULL) {
+            c[i] = p[i];
+        }
     }
-    if (child->access_log == NULL) {
-        child->access_log = parent->access_log;
+}
+
+/* A per-try timeout longer than the whole deadline can never run out. */
+static const char *
+check_retry_settings(ric_conf_parse_t *cf, const ric_http_settings_t *s, const char *file,
+                     int line)
+{
+    if (s->per_try_timeout > s->retry_timeout) {
+        return ric_conf_reason(cf, "%s:%d: per_try_timeout (%lldms) is above retry_timeout "
+                               "(%lldms)", file, line, (long long) s->per_try_timeout,
+                               (long long) s->retry_timeout);
     }
-    if (child->body_temp_path == NULL) {
-        child->body_temp_path = parent->body_temp_path;
-    }
+    return NULL;
 }
 
 /* Resolves an upstream server's host into one entry per address (a name
@@ -1088,12 +1331,6 @@ ric_conf_finish(ric_conf_parse_t *cf)
     if (ric_conf_apply_defaults(cf, RIC_CONF_HTTP, &c->http->settings) != RIC_OK) {
         return ric_conf_reported;
     }
-    if (c->http->refs.access_log == NULL) {
-        c->http->refs.access_log = access_log_for(cf, "off");
-    }
-    if (c->http->refs.body_temp_path == NULL) {
-        c->http->refs.body_temp_path = ric_pstrdup(cf->pool, "/tmp");
-    }
     for (u = c->http->upstreams; u; u = u->next) {
         if (ric_conf_apply_defaults(cf, RIC_CONF_UPS, u) != RIC_OK) {
             return ric_conf_reported;
@@ -1103,9 +1340,17 @@ ric_conf_finish(ric_conf_parse_t *cf)
     for (s = c->http->servers; s; s = s->next) {
         settings_merge(&s->settings, &c->http->settings);
         refs_merge(&s->refs, &c->http->refs);
+        if ((reason = check_retry_settings(cf, &s->settings, s->file, s->line)) != NULL) {
+            snprintf(cf->err, cf->errlen, "%s", reason);
+            return ric_conf_reported;
+        }
         for (l = s->locations; l; l = l->next) {
             settings_merge(&l->settings, &s->settings);
             refs_merge(&l->refs, &s->refs);
+            if ((reason = check_retry_settings(cf, &l->settings, l->file, l->line)) != NULL) {
+                snprintf(cf->err, cf->errlen, "%s", reason);
+                return ric_conf_reported;
+            }
             if (l->proxy_pass != NULL && (reason = link_proxy_pass(cf, l)) != NULL) {
                 if (reason != ric_conf_reported) {
                     snprintf(cf->err, cf->errlen, "%s", reason);

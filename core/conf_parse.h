@@ -4,7 +4,7 @@
 
 #include "conf.h"
 
-#define RIC_CONF_MAX_ARGS 16
+#define RIC_CONF_MAX_ARGS 64
 #define RIC_CONF_NO_OFFSET ((size_t) -1)
 
 typedef struct ric_conf_parse_s ric_conf_parse_t;

@@ -1,9 +1,14 @@
 /* proxy.c: a proxied exchange: connect or reuse, send the request, stream the response back with backpressure. */
 #include "proxy.h"
 #include "log.h"
+#include "retry.h"
+#include "retry_after.h"
 #include "worker.h"
 
 #include <errno.h>
+#include <event2/event_struct.h>
+#include <openssl/rand.h>
+#include <time.h>
 #include <stdio.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
@@ -50,11 +55,24 @@ struct ric_proxy_s {
 
     ric_access_entry_t entry;
     int64_t attempt_start_us;
+
+    /* retries (DESIGN §1–3) */
+    ric_retry_policy_t policy;
+    int attempt;           /* the current attempt, from 1 */
+    int64_t deadline_ms;   /* the request's deadline (monotonic ms) */
+    int replay_safe;
+    int body_replayable;
+    ric_peer_t *prev_peer; /* a retry prefers another server */
+    int64_t wait_us;       /* the wait before the current attempt */
+    struct event try_timer;  /* per_try_timeout, bounded by the deadline */
+    struct event wait_timer; /* the backoff before the next attempt */
+    char minted_key[40];     /* idempotency_key auto: one key for every attempt */
 };
 
 static void on_upstream_read(ric_upconn_t *uc, short what);
 static void on_upstream_write(ric_upconn_t *uc, short what);
 static void relay(ric_proxy_t *p);
+static void attempt_start(ric_proxy_t *p);
 
 /* --- output buffer helpers ------------------------------------------------ */
 
@@ -265,6 +283,19 @@ put_template(ric_proxy_t *p, const ric_template_part_t *part)
     }
 }
 
+static int
+name_is(ric_str_t name, const char *want)
+{
+    ric_str_t w;
+
+    if (want == NULL || want[0] == '\0') {
+        return 0;
+    }
+    w.data = (const u_char *) want;
+    w.len = strlen(want);
+    return span_eq_nocase(name, w);
+}
+
 static const ric_header_set_t *
 find_set_header(const ric_header_set_t *h, ric_str_t name)
 {
@@ -312,7 +343,8 @@ build_request(ric_proxy_t *p)
 {
     const ric_conn_t *c = p->c;
     const ric_http_msg_t *m = &c->msg;
-    const ric_header_set_t *sets = c->location->refs.headers, *h;
+    const ric_http_refs_t *refs = &c->location->refs;
+    const ric_header_set_t *sets = refs->headers, *h;
     conn_tokens_t tokens;
     ric_str_t name, v, target = upstream_target(c);
     char num[32];
@@ -342,7 +374,8 @@ build_request(ric_proxy_t *p)
         if (is_hop_by_hop(name, &tokens) || ric_str_eq_lower(name, "host")
             || ric_str_eq_lower(name, "x-forwarded-for")
             || ric_str_eq_lower(name, "transfer-encoding") || ric_str_eq_lower(name, "expect")
-            || find_set_header(sets, name) != NULL) {
+            || find_set_header(sets, name) != NULL || name_is(name, refs->client_deadline_header)
+            || name_is(name, refs->retry_attempt_header)) {
             continue;
         }
         if (ric_str_eq_lower(name, "content-length")) {
@@ -390,6 +423,22 @@ build_request(ric_proxy_t *p)
     if (p->up->conf->keepalive <= 0) {
         req_puts(p, "Connection: close\r\n");
     }
+    if (refs->retry_attempt_header[0] != '\0') {
+        snprintf(num, sizeof(num), ": %d\r\n", p->attempt);
+        req_puts(p, refs->retry_attempt_header);
+        req_puts(p, num);
+    }
+    /* the upstream learns how long the client will still wait */
+    snprintf(num, sizeof(num), ": %lld\r\n",
+             (long long) ric_max(p->deadline_ms - ric_now_ms(), (int64_t) 0));
+    req_puts(p, refs->client_deadline_header);
+    req_puts(p, num);
+    if (p->minted_key[0] != '\0') {
+        req_puts(p, refs->idempotency_key_header);
+        req_puts(p, ": ");
+        req_puts(p, p->minted_key);
+        req_puts(p, "\r\n");
+    }
     req_puts(p, "\r\n");
 }
 
@@ -408,7 +457,7 @@ record_attempt(ric_proxy_t *p, const char *class, int status)
     a->class = class;
     a->status = status;
     a->duration_us = ric_now_us() - p->attempt_start_us;
-    a->wait_us = 0;
+    a->wait_us = p->wait_us;
 }
 
 static void
@@ -429,6 +478,8 @@ write_access_log(ric_proxy_t *p, int status)
 static void
 proxy_free(ric_proxy_t *p)
 {
+    event_del(&p->try_timer);
+    event_del(&p->wait_timer);
     if (p->uc != NULL) {
         ric_upconn_close(p->uc);
     }
@@ -438,20 +489,75 @@ proxy_free(ric_proxy_t *p)
     free(p);
 }
 
-/* A failure before any byte of the response reached the client: the gateway
- * answers itself (DESIGN §1.5: only when there is no upstream answer). */
+static ric_retry_input_t
+retry_input(ric_proxy_t *p, unsigned class, int status)
+{
+    ric_retry_input_t in;
+
+    memset(&in, 0, sizeof(in));
+    in.class = class;
+    in.status = status;
+    in.attempt = p->attempt;
+    in.replay_safe = p->replay_safe;
+    in.body_replayable = p->body_replayable;
+    in.now_ms = ric_now_ms();
+    in.deadline_ms = p->deadline_ms;
+    return in;
+}
+
+/* Schedules the next attempt after the decided wait: always a timer. */
 static void
-fail(ric_proxy_t *p, const char *class, int status, int err, const char *what)
+schedule_retry(ric_proxy_t *p, const ric_retry_decision_t *d, const char *what)
+{
+    struct timeval tv;
+
+    ric_log_error(RIC_LOG_WARN, 0, "retrying after %s: attempt %d%s%lld in %lldms, client: %s, "
+                  "upstream: %s", what, p->attempt + 1, p->policy.attempts ? "/" : "",
+                  (long long) p->policy.attempts, (long long) d->wait_ms, p->c->peer,
+                  p->peer->conf->addr_text);
+    event_del(&p->try_timer);
+    if (p->uc != NULL) {
+        ric_upconn_close(p->uc);
+        p->uc = NULL;
+    }
+    p->prev_peer = p->peer;
+    p->wait_us = d->wait_ms * 1000;
+    tv.tv_sec = (time_t) (d->wait_ms / 1000);
+    tv.tv_usec = (suseconds_t) (d->wait_ms % 1000) * 1000;
+    event_add(&p->wait_timer, &tv);
+}
+
+/* An attempt ended without a response: retry it, or, when the decision says
+ * no, the gateway answers itself (DESIGN §1.5: only when there is no
+ * upstream answer): 504 after a timeout, 502 otherwise. */
+static void
+fail(ric_proxy_t *p, unsigned class, int err, const char *what)
 {
     ric_conn_t *c = p->c;
+    ric_retry_input_t in;
+    ric_retry_decision_t d;
+    int status;
 
-    ric_log_error(RIC_LOG_ERR, err, "%s while %s, client: %s, upstream: %s", what,
+    ric_log_error(RIC_LOG_ERR, err, "%s while %s, client: %s, upstream: %s, attempt: %d", what,
                   p->state == P_CONNECTING ? "connecting to upstream"
                   : p->state == P_SENDING ? "sending the request to upstream"
                   : "reading the response head from upstream",
-                  c->peer, p->peer->conf->addr_text);
+                  c->peer, p->peer->conf->addr_text, p->attempt);
     ric_upstream_report(p->up, p->peer, 1, ric_now_ms());
-    record_attempt(p, class, 0);
+    record_attempt(p, ric_retry_class_name(class), 0);
+
+    in = retry_input(p, class, 0);
+    d = ric_retry_decide(&p->policy, &in, &p->up->budget, ric_backoff_rand, NULL);
+    if (d.retry) {
+        schedule_retry(p, &d, ric_retry_class_name(class));
+        return;
+    }
+    status = class == RIC_CLASS_TIMEOUT || (class == RIC_CLASS_CONNECT_ERROR && err == 0)
+                 ? 504 : 502;
+    if (p->attempt > 1) {
+        ric_log_error(RIC_LOG_ERR, 0, "giving up after %d attempts (%s), client: %s",
+                      p->attempt, d.reason, c->peer);
+    }
     p->entry.bytes = 0;
     write_access_log(p, status);
     proxy_free(p);
@@ -464,6 +570,11 @@ static void
 abort_client(ric_proxy_t *p, int err, const char *what)
 {
     ric_conn_t *c = p->c;
+    ric_retry_input_t in = retry_input(p, RIC_CLASS_RESET, 0);
+
+    /* part of the answer is out: the decision can only be no (DESIGN §1.3) */
+    in.response_started = 1;
+    ric_assert(!ric_retry_decide(&p->policy, &in, NULL, ric_backoff_rand, NULL).retry);
 
     ric_log_error(RIC_LOG_ERR, err, "%s while reading the response body from upstream, "
                   "client: %s, upstream: %s", what, c->peer, p->peer->conf->addr_text);
@@ -604,13 +715,63 @@ build_client_head(ric_proxy_t *p)
     ric_conn_out_append(c, "\r\n", 2);
 }
 
+/* A response whose status is worth a retry: decide, and when retrying,
+ * drop it — its connection is kept only if the whole response is already
+ * here, never reused half-read. Returns 1 when a retry was scheduled. */
+static int
+retry_on_status(ric_proxy_t *p)
+{
+    ric_retry_input_t in;
+    ric_retry_decision_t d;
+    ric_str_t ra;
+    char what[32];
+    int status = p->resp.status;
+
+    if (!ric_retry_on_match(p->policy.retry_on, RIC_CLASS_STATUS, status)) {
+        ric_upstream_report(p->up, p->peer, 0, ric_now_ms());
+        return 0;
+    }
+    ric_upstream_report(p->up, p->peer, 1, ric_now_ms());
+    in = retry_input(p, RIC_CLASS_STATUS, status);
+    ra = ric_http_field(&p->resp, p->buf, "retry-after");
+    if (ra.data != NULL
+        && ric_retry_after_parse(ra.data, ra.len, time(NULL), &in.retry_after_ms) == RIC_OK) {
+        in.has_retry_after = 1;
+    }
+    d = ric_retry_decide(&p->policy, &in, &p->up->budget, ric_backoff_rand, NULL);
+    if (!d.retry) {
+        if (p->attempt > 1 || strcmp(d.reason, "final status") != 0) {
+            ric_log_error(RIC_LOG_INFO, 0, "passing on %d from upstream after %d attempt%s "
+                          "(%s), client: %s", status, p->attempt, p->attempt > 1 ? "s" : "",
+                          d.reason, p->c->peer);
+        }
+        return 0;
+    }
+    record_attempt(p, "status", status);
+    p->body_left = p->resp.content_length;
+    ric_http_chunked_init(&p->chunked);
+    p->dechunk = 0;
+    p->reusable = !p->early_answer;
+    if (scan_body(p, p->resp.head_len) == RIC_OK && p->resp_done && p->reusable
+        && p->resp.keep_alive) {
+        ric_upstream_pool_put(p->uc);
+        p->uc = NULL;
+    }
+    snprintf(what, sizeof(what), "status %d", status);
+    schedule_retry(p, &d, what);
+    return 1;
+}
+
 static void
 got_head(ric_proxy_t *p)
 {
     ric_conn_t *c = p->c;
     const ric_http_settings_t *s = c->settings;
 
-    ric_upstream_report(p->up, p->peer, 0, ric_now_ms());
+    if (retry_on_status(p)) {
+        return;
+    }
+    event_del(&p->try_timer); /* per_try_timeout runs until the response head */
     record_attempt(p, "status", p->resp.status);
     p->entry.upstream = p->peer->conf->addr_text;
     p->state = P_BODY;
@@ -632,7 +793,7 @@ got_head(ric_proxy_t *p)
         p->state = P_HEAD;
         p->reusable = 0;
         p->entry.nattempts--;
-        fail(p, "bad_response", 502, 0, "upstream sent an invalid chunked body");
+        fail(p, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
         return;
     }
     build_client_head(p);
@@ -648,14 +809,14 @@ read_head(ric_proxy_t *p)
 
     n = recv(uc->fd, p->buf + p->buf_len, PROXY_BUF_SIZE - p->buf_len, 0);
     if (n == 0) {
-        fail(p, "reset", 502, 0, "upstream closed the connection before a complete response head");
+        fail(p, RIC_CLASS_RESET, 0, "upstream closed the connection before a complete response head");
         return;
     }
     if (n == -1) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
             return;
         }
-        fail(p, "reset", 502, errno, "recv() failed");
+        fail(p, RIC_CLASS_RESET, errno, "recv() failed");
         return;
     }
     p->buf_len += (size_t) n;
@@ -664,7 +825,7 @@ read_head(ric_proxy_t *p)
         rc = ric_http_parse_response(&p->resp, p->buf, p->buf_len, p->c->msg.method);
         if (rc == RIC_AGAIN) {
             if (p->buf_len == PROXY_BUF_SIZE) {
-                fail(p, "bad_response", 502, 0, "upstream sent too big a response head");
+                fail(p, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent too big a response head");
             }
             return;
         }
@@ -672,12 +833,12 @@ read_head(ric_proxy_t *p)
             ric_log_error(RIC_LOG_ERR, 0, "upstream sent an invalid response: %s, client: %s, "
                           "upstream: %s", p->resp.error_reason ? p->resp.error_reason : "?",
                           p->c->peer, p->peer->conf->addr_text);
-            fail(p, "bad_response", 502, 0, "upstream sent an invalid response");
+            fail(p, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid response");
             return;
         }
         if (p->resp.status >= 100 && p->resp.status < 200) {
             if (p->resp.status == 101) {
-                fail(p, "bad_response", 502, 0, "upstream switched protocols unasked");
+                fail(p, RIC_CLASS_BAD_RESPONSE, 0, "upstream switched protocols unasked");
                 return;
             }
             /* interim responses (103 Early Hints...) are not passed on */
@@ -810,7 +971,7 @@ on_upstream_read(ric_upconn_t *uc, short what)
         if (p->state == P_BODY) {
             abort_client(p, 0, "upstream timed out (proxy_read_timeout)");
         } else {
-            fail(p, "timeout", 504, 0, "upstream timed out (proxy_read_timeout)");
+            fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (proxy_read_timeout)");
         }
         return;
     }
@@ -873,7 +1034,7 @@ send_request(ric_proxy_t *p)
                 ric_upconn_want_write(uc, c->settings->proxy_send_timeout);
                 return;
             }
-            fail(p, "reset", 502, errno, "sending the request failed");
+            fail(p, RIC_CLASS_RESET, errno, "sending the request failed");
             return;
         }
         p->sent += (uint64_t) n;
@@ -890,12 +1051,12 @@ on_upstream_write(ric_upconn_t *uc, short what)
 
     if (p->state == P_CONNECTING) {
         if (what & EV_TIMEOUT) {
-            fail(p, "connect_error", 504, 0, "upstream timed out (proxy_connect_timeout)");
+            fail(p, RIC_CLASS_CONNECT_ERROR, 0, "upstream timed out (proxy_connect_timeout)");
             return;
         }
         err = ric_upconn_connect_result(uc);
         if (err != 0) {
-            fail(p, "connect_error", 502, err, "connect() failed");
+            fail(p, RIC_CLASS_CONNECT_ERROR, err, "connect() failed");
             return;
         }
         p->state = P_SENDING;
@@ -904,14 +1065,174 @@ on_upstream_write(ric_upconn_t *uc, short what)
     }
     if (p->state == P_SENDING) {
         if (what & EV_TIMEOUT) {
-            fail(p, "timeout", 504, 0, "upstream timed out (proxy_send_timeout)");
+            fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (proxy_send_timeout)");
             return;
         }
         send_request(p);
     }
 }
 
-/* --- start ------------------------------------------------------------------ */
+/* --- attempts ----------------------------------------------------------------- */
+
+static void
+on_try_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    ric_proxy_t *p = arg;
+
+    (void) fd;
+    (void) what;
+    if (p->state == P_CONNECTING) {
+        fail(p, RIC_CLASS_CONNECT_ERROR, 0, "upstream timed out (per_try_timeout)");
+    } else {
+        fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (per_try_timeout)");
+    }
+}
+
+static void
+on_wait_done(evutil_socket_t fd, short what, void *arg)
+{
+    (void) fd;
+    (void) what;
+    attempt_start(arg);
+}
+
+static void
+attempt_start(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+    int64_t now = ric_now_ms();
+    int64_t per_try = ric_min(c->settings->per_try_timeout, ric_max(p->deadline_ms - now, 1));
+    struct timeval tv;
+
+    p->attempt++;
+    p->reused = 0;
+    p->early_answer = 0;
+    p->sent = 0;
+    p->buf_len = 0;
+    p->resp_done = 0;
+    p->reusable = 0;
+    ric_http_msg_init(&p->resp);
+    build_request(p);
+
+    p->attempt_start_us = ric_now_us();
+    p->peer = ric_upstream_pick(p->up, p->prev_peer, now);
+    tv.tv_sec = (time_t) (per_try / 1000);
+    tv.tv_usec = (suseconds_t) (per_try % 1000) * 1000;
+    event_add(&p->try_timer, &tv);
+
+    p->uc = ric_upstream_pool_get(p->up, p->peer);
+    if (p->uc != NULL) {
+        p->reused = 1;
+        ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);
+        ric_upconn_read_timeout(p->uc, 0); /* the idle timeout no longer applies */
+        p->state = P_SENDING;
+        send_request(p);
+        return;
+    }
+    p->state = P_CONNECTING;
+    p->uc = ric_upconn_connect(p->up, p->peer);
+    if (p->uc == NULL) {
+        fail(p, RIC_CLASS_CONNECT_ERROR, errno ? errno : ECONNREFUSED, "connect() failed");
+        return;
+    }
+    ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);
+    ric_upconn_read_timeout(p->uc, 0);
+    ric_upconn_want_write(p->uc, ric_min(c->settings->proxy_connect_timeout, per_try));
+}
+
+/* A random (version 4) UUID, lowercase. */
+static void
+mint_uuid(char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[16];
+    int i, o = 0;
+
+    if (RAND_bytes(b, sizeof(b)) != 1) {
+        uint64_t r1 = ric_backoff_rand(NULL), r2 = ric_backoff_rand(NULL);
+        memcpy(b, &r1, 8);
+        memcpy(b + 8, &r2, 8);
+    }
+    b[6] = (unsigned char) ((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char) ((b[8] & 0x3f) | 0x80);
+    for (i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) {
+            out[o++] = '-';
+        }
+        out[o++] = hex[b[i] >> 4];
+        out[o++] = hex[b[i] & 0xf];
+    }
+    out[o] = '\0';
+}
+
+static ric_str_t
+request_field(const ric_conn_t *c, const char *name)
+{
+    ric_str_t none = ric_null_string;
+
+    if (name == NULL || name[0] == '\0') {
+        return none;
+    }
+    {
+        char lower[128];
+        size_t i, n = strlen(name);
+        if (n >= sizeof(lower)) {
+            return none;
+        }
+        for (i = 0; i <= n; i++) {
+            lower[i] = (char) ((name[i] >= 'A' && name[i] <= 'Z') ? name[i] | 0x20 : name[i]);
+        }
+        return ric_http_field(&c->msg, c->in, lower);
+    }
+}
+
+/* Sets up the retry policy, the deadline and what makes this request safe
+ * to repeat (DESIGN §1.1, §1.2, §4). */
+static void
+retry_setup(ric_proxy_t *p)
+{
+    ric_conn_t *c = p->c;
+    const ric_http_settings_t *s = c->settings;
+    const ric_http_refs_t *refs = &c->location->refs;
+    int64_t now = ric_now_ms(), client_ms;
+    ric_str_t v;
+
+    p->policy.enabled = s->retries == 1;
+    p->policy.attempts = s->retry_attempts;
+    p->policy.backoff.initial_ms = s->retry_backoff_initial;
+    p->policy.backoff.max_ms = s->retry_backoff_max;
+    p->policy.backoff.factor = (double) s->retry_backoff_factor_milli / 1000.0;
+    p->policy.backoff.jitter = (ric_jitter_t) s->retry_backoff_jitter;
+    p->policy.retry_after_max_ms = s->retry_after_max;
+    p->policy.retry_on = refs->retry_on;
+
+    p->deadline_ms = now + s->retry_timeout;
+    v = request_field(c, refs->client_deadline_header);
+    if (v.data != NULL) {
+        if (ric_retry_parse_deadline(v.data, v.len, &client_ms) == RIC_OK) {
+            p->deadline_ms = ric_min(p->deadline_ms, now + client_ms);
+        } else {
+            ric_log_error(RIC_LOG_INFO, 0, "ignoring an invalid %s \"%.*s\", client: %s",
+                          refs->client_deadline_header, (int) ric_min(v.len, (size_t) 64),
+                          v.data, c->peer);
+        }
+    }
+
+    p->replay_safe = ric_retry_method_idempotent((int) c->msg.method);
+    if (s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
+        if (request_field(c, refs->idempotency_key_header).data != NULL) {
+            p->replay_safe = 1; /* the route's contract: its upstream honours keys */
+        } else if (s->idempotency_key == RIC_IDEMPOTENCY_AUTO && !p->replay_safe) {
+            mint_uuid(p->minted_key);
+            p->replay_safe = 1;
+        }
+    }
+    p->body_replayable = ric_body_size(&c->body) <= (uint64_t) s->retry_body_max;
+
+    p->up->budget.ratio = (double) s->retry_budget_permille / 1000.0;
+    p->up->budget.min_per_sec = s->retry_budget_min;
+    ric_budget_request(&p->up->budget, now);
+}
 
 void
 ric_proxy_start(ric_conn_t *c)
@@ -924,26 +1245,8 @@ ric_proxy_start(ric_conn_t *c)
     c->state = RIC_CONN_PROXY;
     p->up = &w->upstreams[c->location->upstream->index];
     p->buf = ric_xmalloc(PROXY_BUF_SIZE);
-    ric_http_msg_init(&p->resp);
-    build_request(p);
-
-    p->attempt_start_us = ric_now_us();
-    p->peer = ric_upstream_pick(p->up, NULL, ric_now_ms());
-    p->uc = ric_upstream_pool_get(p->up, p->peer);
-    if (p->uc != NULL) {
-        p->reused = 1;
-        ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);
-        p->state = P_SENDING;
-        send_request(p);
-        return;
-    }
-    p->state = P_CONNECTING;
-    p->uc = ric_upconn_connect(p->up, p->peer);
-    if (p->uc == NULL) {
-        fail(p, "connect_error", 502, errno, "connect() failed");
-        return;
-    }
-    ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);
-    ric_upconn_read_timeout(p->uc, 0);
-    ric_upconn_want_write(p->uc, c->settings->proxy_connect_timeout);
+    evtimer_assign(&p->try_timer, w->base, on_try_timeout, p);
+    evtimer_assign(&p->wait_timer, w->base, on_wait_done, p);
+    retry_setup(p);
+    attempt_start(p);
 }

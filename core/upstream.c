@@ -28,6 +28,7 @@ ric_upstream_init_all(ric_conf_t *conf, struct event_base *base)
         ric_upstream_t *u = &ups[uc->index];
         u->conf = uc;
         u->base = base;
+        ric_budget_init(&u->budget, 0.2, 10);
         u->peers = ric_xcalloc((size_t) uc->nservers, sizeof(ric_peer_t));
         for (i = 0, s = uc->servers; s && i < uc->nservers; s = s->next, i++) {
             u->peers[i].conf = s;

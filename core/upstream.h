@@ -3,6 +3,7 @@
 #define RIC_UPSTREAM_H
 
 #include "ric_core.h"
+#include "budget.h"
 #include "conf.h"
 
 #include <event2/event.h>
@@ -46,6 +47,7 @@ struct ric_upstream_s {
     ric_upconn_t *idle_tail;
     int nidle;
     struct event_base *base;
+    ric_budget_t budget; /* retries over the last 10 s, this worker */
 };
 
 /* Builds the runtime state of every upstream of conf for this worker; the

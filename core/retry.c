@@ -1,0 +1,190 @@
+/* retry.c: the retry decision and retry_on, kept apart from I/O so every invariant is unit-tested. */
+#include "retry.h"
+#include "http_parse.h"
+
+#include <stdlib.h>
+
+int ric_retry_killed;
+
+int
+ric_retry_method_idempotent(int method)
+{
+    switch (method) {
+    case RIC_HTTP_GET:
+    case RIC_HTTP_HEAD:
+    case RIC_HTTP_OPTIONS:
+    case RIC_HTTP_TRACE:
+    case RIC_HTTP_PUT:
+    case RIC_HTTP_DELETE:
+        return 1;
+    }
+    return 0;
+}
+
+const char *
+ric_retry_class_name(unsigned class)
+{
+    switch (class) {
+    case RIC_CLASS_CONNECT_ERROR: return "connect_error";
+    case RIC_CLASS_RESET: return "reset";
+    case RIC_CLASS_TIMEOUT: return "timeout";
+    case RIC_CLASS_BAD_RESPONSE: return "bad_response";
+    case RIC_CLASS_STATUS: return "status";
+    }
+    return "unknown";
+}
+
+int
+ric_retry_on_match(const ric_retry_on_t *on, unsigned class, int status)
+{
+    if (class != RIC_CLASS_STATUS) {
+        return (on->classes & class) != 0;
+    }
+    if (status < 0 || status >= 640) {
+        return 0;
+    }
+    return (on->statuses[status / 64] >> (status % 64)) & 1;
+}
+
+static void
+set_status(ric_retry_on_t *on, int s)
+{
+    on->statuses[s / 64] |= (uint64_t) 1 << (s % 64);
+}
+
+const char *
+ric_retry_on_parse(ric_retry_on_t *on, char **words, int n)
+{
+    int i, s;
+    char *end;
+
+    memset(on, 0, sizeof(*on));
+    for (i = 0; i < n; i++) {
+        const char *w = words[i];
+        if (strcmp(w, "connect_error") == 0) {
+            on->classes |= RIC_CLASS_CONNECT_ERROR;
+        } else if (strcmp(w, "reset") == 0) {
+            on->classes |= RIC_CLASS_RESET;
+        } else if (strcmp(w, "timeout") == 0) {
+            on->classes |= RIC_CLASS_TIMEOUT;
+        } else if (strcmp(w, "bad_response") == 0) {
+            on->classes |= RIC_CLASS_BAD_RESPONSE;
+        } else if (strcmp(w, "5xx") == 0 || strcmp(w, "4xx") == 0) {
+            for (s = (w[0] - '0') * 100; s < (w[0] - '0') * 100 + 100; s++) {
+                set_status(on, s);
+            }
+        } else {
+            s = (int) strtol(w, &end, 10);
+            if (*end != '\0' || end - w != 3 || s < 100 || s > 599) {
+                return w;
+            }
+            set_status(on, s);
+        }
+    }
+    return NULL;
+}
+
+int
+ric_retry_parse_deadline(const u_char *v, size_t len, int64_t *ms)
+{
+    const u_char *p = v, *end = v + len;
+    int64_t whole = 0, frac = 0, frac_div = 1, unit;
+
+    while (p < end && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t')) {
+        end--;
+    }
+    if (p == end || *p < '0' || *p > '9') {
+        return RIC_ERROR;
+    }
+    for (; p < end && *p >= '0' && *p <= '9'; p++) {
+        if (whole > (INT64_MAX / 1000 - 9) / 10) {
+            return RIC_ERROR;
+        }
+        whole = whole * 10 + (*p - '0');
+    }
+    if (p < end && *p == '.') {
+        p++;
+        if (p == end || *p < '0' || *p > '9') {
+            return RIC_ERROR;
+        }
+        for (; p < end && *p >= '0' && *p <= '9'; p++) {
+            if (frac_div < 1000000) {
+                frac = frac * 10 + (*p - '0');
+                frac_div *= 10;
+            }
+        }
+    }
+    if (p == end) {
+        unit = 1; /* bare number: milliseconds */
+        if (frac_div != 1) {
+            return RIC_ERROR;
+        }
+    } else if (end - p == 2 && p[0] == 'm' && p[1] == 's') {
+        unit = 1;
+    } else if (end - p == 1 && *p == 's') {
+        unit = 1000;
+    } else if (end - p == 1 && *p == 'm') {
+        unit = 60000;
+    } else {
+        return RIC_ERROR;
+    }
+    if (whole > INT64_MAX / 1000 / unit) {
+        return RIC_ERROR;
+    }
+    *ms = whole * unit + frac * unit / frac_div;
+    return RIC_OK;
+}
+
+static ric_retry_decision_t
+no(const char *reason)
+{
+    ric_retry_decision_t d = { 0, 0, reason };
+    return d;
+}
+
+ric_retry_decision_t
+ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
+                 ric_budget_t *budget, ric_rand_pt rnd, void *ctx)
+{
+    ric_retry_decision_t d = { 1, 0, "retry" };
+
+    if (!policy->enabled || ric_retry_killed) {
+        return no("retries off");
+    }
+    /* DESIGN §1.3: once a byte went to the client the request is final */
+    if (in->response_started) {
+        return no("response started");
+    }
+    if (!ric_retry_on_match(policy->retry_on, in->class, in->status)) {
+        return no(in->class == RIC_CLASS_STATUS ? "final status" : "class not in retry_on");
+    }
+    /* DESIGN §1.1: an unsafe request is repeated only when it provably
+     * never reached the upstream */
+    if (!in->replay_safe && in->class != RIC_CLASS_CONNECT_ERROR) {
+        return no("not replay-safe");
+    }
+    if (!in->body_replayable) {
+        return no("body not replayable");
+    }
+    if (policy->attempts > 0 && in->attempt >= policy->attempts) {
+        return no("attempts exhausted");
+    }
+    if (in->class == RIC_CLASS_STATUS && in->has_retry_after && in->retry_after_ms >= 0
+        && in->retry_after_ms <= policy->retry_after_max_ms) {
+        d.wait_ms = in->retry_after_ms;
+    } else {
+        d.wait_ms = ric_backoff_wait(&policy->backoff, in->attempt, rnd, ctx);
+    }
+    /* DESIGN §1.2: a wait that would end at or past the deadline is not
+     * taken; the client gets this answer now */
+    if (in->now_ms + d.wait_ms >= in->deadline_ms) {
+        return no("deadline");
+    }
+    if (budget != NULL && !ric_budget_take(budget, in->now_ms)) {
+        return no("budget exhausted");
+    }
+    return d;
+}

@@ -1,0 +1,84 @@
+/* retry.h: the retry decision — the one place that says whether an attempt is retried, and after what wait. */
+#ifndef RIC_RETRY_H
+#define RIC_RETRY_H
+
+#include "ric_core.h"
+#include "backoff.h"
+#include "budget.h"
+
+/* Attempt outcome classes (DESIGN §2), as bits for retry_on. */
+#define RIC_CLASS_CONNECT_ERROR 0x01 /* not sent: refused, connect timeout, handshake */
+#define RIC_CLASS_RESET 0x02         /* lost after sending, before a whole response head */
+#define RIC_CLASS_TIMEOUT 0x04       /* per-try timer */
+#define RIC_CLASS_BAD_RESPONSE 0x08  /* unparseable response head or framing */
+#define RIC_CLASS_STATUS 0x10        /* a response arrived: its status decides */
+
+/* retry_on: classes, and statuses (100..599) as a bitmap. */
+typedef struct ric_retry_on_s {
+    unsigned classes;
+    uint64_t statuses[10]; /* bit s%64 of word s/64, for s < 640 */
+} ric_retry_on_t;
+
+/* A location's retry policy, from its settings. */
+typedef struct {
+    int enabled;               /* retries on, and no RICOCHET_NO_RETRY=1 */
+    int64_t attempts;          /* in total; 0: bounded only by the deadline */
+    ric_backoff_t backoff;
+    int64_t retry_after_max_ms;
+    const ric_retry_on_t *retry_on;
+} ric_retry_policy_t;
+
+/* What happened, and what the request allows. */
+typedef struct {
+    unsigned class;        /* RIC_CLASS_* of the attempt that just ended */
+    int status;            /* with RIC_CLASS_STATUS */
+    int attempt;           /* that attempt's number, from 1 */
+    int replay_safe;       /* idempotent method, a key under an idempotency
+                            * contract, or marked safe by the route */
+    int body_replayable;   /* the whole body is held for replay */
+    int response_started;  /* a byte of this request's answer reached the client */
+    int has_retry_after;   /* a valid Retry-After came with the response */
+    int64_t retry_after_ms;
+    int64_t now_ms;
+    int64_t deadline_ms;   /* the request's deadline on the same clock */
+} ric_retry_input_t;
+
+typedef struct {
+    int retry;          /* 1: make another attempt after wait_ms */
+    int64_t wait_ms;
+    const char *reason; /* why not (or "retry"), for logs and the access log */
+} ric_retry_decision_t;
+
+/* Whether RICOCHET_NO_RETRY=1 turned every retry off (read once at start). */
+extern int ric_retry_killed;
+
+/* Decides whether the attempt described by in is retried, in this order:
+ * retries enabled; not after a byte of the answer went to the client; a
+ * transient class/status (retry_on); replay-safe unless the attempt never
+ * reached the upstream (connect_error); a replayable body; attempts left;
+ * the wait (a valid Retry-After up to retry_after_max, else jittered
+ * backoff) ending before the deadline; and last the budget, from which an
+ * allowed retry is taken. rnd/ctx draw the jitter. Pure but for the budget. */
+ric_retry_decision_t ric_retry_decide(const ric_retry_policy_t *policy,
+                                      const ric_retry_input_t *in, ric_budget_t *budget,
+                                      ric_rand_pt rnd, void *ctx);
+
+/* Whether status or class is in retry_on. */
+int ric_retry_on_match(const ric_retry_on_t *on, unsigned class, int status);
+
+/* Parses retry_on arguments ("connect_error", "reset", "timeout",
+ * "bad_response", "5xx", "4xx" and status codes) into on. Returns NULL or
+ * the bad word. */
+const char *ric_retry_on_parse(ric_retry_on_t *on, char **words, int n);
+
+/* Whether a method may be repeated by itself (RFC 9110 §9.2.2). */
+int ric_retry_method_idempotent(int method);
+
+/* Parses a client's deadline header: milliseconds ("1500") or a duration
+ * with a unit ("1.5s", "250ms", "2m"). RIC_OK with *ms, or RIC_ERROR. */
+int ric_retry_parse_deadline(const u_char *v, size_t len, int64_t *ms);
+
+/* The class name for logs ("connect_error", ...). */
+const char *ric_retry_class_name(unsigned class);
+
+#endif /* RIC_RETRY_H */

@@ -1,0 +1,236 @@
+/* test_retry.c: the retry decision, one invariant of DESIGN §1 at a time, with injected randomness. */
+#include "../../core/retry.c"
+#include "unit.h"
+
+static uint64_t fixed_value;
+
+static uint64_t
+fixed_rand(void *ctx)
+{
+    (void) ctx;
+    return fixed_value;
+}
+
+static ric_retry_on_t default_on;
+
+static ric_retry_policy_t
+policy(void)
+{
+    ric_retry_policy_t p;
+
+    memset(&p, 0, sizeof(p));
+    p.enabled = 1;
+    p.attempts = 5;
+    p.backoff.initial_ms = 250;
+    p.backoff.max_ms = 5000;
+    p.backoff.factor = 2;
+    p.backoff.jitter = RIC_JITTER_NONE;
+    p.retry_after_max_ms = 30000;
+    p.retry_on = &default_on;
+    return p;
+}
+
+/* A GET that got a 503 on attempt 1, with plenty of time left. */
+static ric_retry_input_t
+input(void)
+{
+    ric_retry_input_t in;
+
+    memset(&in, 0, sizeof(in));
+    in.class = RIC_CLASS_STATUS;
+    in.status = 503;
+    in.attempt = 1;
+    in.replay_safe = 1;
+    in.body_replayable = 1;
+    in.now_ms = 1000;
+    in.deadline_ms = 31000;
+    return in;
+}
+
+static ric_retry_decision_t
+decide(const ric_retry_policy_t *p, const ric_retry_input_t *in, ric_budget_t *b)
+{
+    return ric_retry_decide(p, in, b, fixed_rand, NULL);
+}
+
+int
+main(void)
+{
+    char *words[] = { "connect_error", "reset", "timeout", "502", "503", "504", "429" };
+    char *bad[] = { "503", "teapot" };
+    char *range[] = { "5xx" };
+    ric_retry_policy_t p;
+    ric_retry_input_t in;
+    ric_retry_decision_t d;
+    ric_retry_on_t on;
+    ric_budget_t budget;
+    int64_t ms;
+    int i;
+
+    UNIT_CHECK(ric_retry_on_parse(&default_on, words, 7) == NULL);
+
+    UNIT_CASE("a transient status on a safe request is retried after the backoff");
+    p = policy();
+    in = input();
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.retry, 1);
+    UNIT_CHECK_INT(d.wait_ms, 250);
+    in.attempt = 3;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 1000);
+
+    UNIT_CASE("§1.1 an unsafe request is never repeated once it may have reached the upstream");
+    in = input();
+    in.replay_safe = 0;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.retry, 0);
+    UNIT_CHECK_STR(d.reason, "not replay-safe");
+    in.class = RIC_CLASS_RESET;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
+    in.class = RIC_CLASS_TIMEOUT;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
+    in.class = RIC_CLASS_BAD_RESPONSE;
+    p.retry_on = &on;
+    UNIT_CHECK(ric_retry_on_parse(&on, (char *[]){ "bad_response" }, 1) == NULL);
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
+    p = policy();
+
+    UNIT_CASE("§1.1 ...unless it provably never reached it (connect_error)");
+    in.class = RIC_CLASS_CONNECT_ERROR;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
+
+    UNIT_CASE("§1.2 a wait that would end at or past the deadline is not taken");
+    in = input();
+    in.deadline_ms = in.now_ms + 250; /* ends exactly at the deadline */
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.retry, 0);
+    UNIT_CHECK_STR(d.reason, "deadline");
+    in.deadline_ms = in.now_ms + 251;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
+
+    UNIT_CASE("§1.3 nothing is retried once the answer started");
+    in = input();
+    in.response_started = 1;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.retry, 0);
+    UNIT_CHECK_STR(d.reason, "response started");
+    in.class = RIC_CLASS_CONNECT_ERROR;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
+
+    UNIT_CASE("§1.5 a status not in retry_on is final");
+    in = input();
+    in.status = 500;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.retry, 0);
+    UNIT_CHECK_STR(d.reason, "final status");
+    in.status = 404;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
+    in.status = 429;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
+
+    UNIT_CASE("attempts: retry_attempts counts the first; 0 is bounded by time only");
+    in = input();
+    in.attempt = 4;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
+    in.attempt = 5;
+    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "attempts exhausted");
+    p.attempts = 1;
+    in.attempt = 1;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
+    p.attempts = 0;
+    in.attempt = 1000;
+    in.deadline_ms = in.now_ms + 1000000;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
+    p = policy();
+
+    UNIT_CASE("a body not held for replay is sent once");
+    in = input();
+    in.body_replayable = 0;
+    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "body not replayable");
+
+    UNIT_CASE("kill switches");
+    in = input();
+    p.enabled = 0;
+    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "retries off");
+    p.enabled = 1;
+    ric_retry_killed = 1;
+    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "retries off");
+    ric_retry_killed = 0;
+
+    UNIT_CASE("Retry-After up to retry_after_max is the wait; longer falls back to backoff");
+    in = input();
+    in.has_retry_after = 1;
+    in.retry_after_ms = 1000;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 1000);
+    in.retry_after_ms = 0;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 0);
+    in.retry_after_ms = 30001;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 250);
+    in.retry_after_ms = 20000;
+    in.deadline_ms = in.now_ms + 10000; /* honoured, but never past the deadline */
+    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "deadline");
+
+    UNIT_CASE("full jitter draws from [0, w) through the injected source");
+    p.backoff.jitter = RIC_JITTER_FULL;
+    in = input();
+    in.attempt = 2; /* w = 500 */
+    fixed_value = 0;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 0);
+    fixed_value = 499;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 499);
+    fixed_value = 500;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 0);
+    p = policy();
+
+    UNIT_CASE("the budget is asked last, and only for retries");
+    ric_budget_init(&budget, 0.0, 0); /* no retries at all */
+    in = input();
+    UNIT_CHECK_STR(decide(&p, &in, &budget).reason, "budget exhausted");
+    UNIT_CHECK_INT(budget.exhausted, 1);
+    in.status = 404;
+    UNIT_CHECK_STR(decide(&p, &in, &budget).reason, "final status");
+    UNIT_CHECK_INT(budget.exhausted, 1);
+    ric_budget_init(&budget, 0.5, 0);
+    for (i = 0; i < 4; i++) {
+        ric_budget_request(&budget, 1000);
+    }
+    in = input();
+    UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 1);
+    UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 1);
+    UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 0); /* 2 of 4 used */
+
+    UNIT_CASE("retry_on parsing");
+    UNIT_CHECK(ric_retry_on_parse(&on, bad, 2) == bad[1]);
+    UNIT_CHECK(ric_retry_on_parse(&on, range, 1) == NULL);
+    UNIT_CHECK(ric_retry_on_match(&on, RIC_CLASS_STATUS, 500));
+    UNIT_CHECK(ric_retry_on_match(&on, RIC_CLASS_STATUS, 599));
+    UNIT_CHECK(!ric_retry_on_match(&on, RIC_CLASS_STATUS, 499));
+    UNIT_CHECK(!ric_retry_on_match(&on, RIC_CLASS_RESET, 0));
+    UNIT_CHECK(ric_retry_on_parse(&on, (char *[]){ "600" }, 1) != NULL);
+    UNIT_CHECK(ric_retry_on_parse(&on, (char *[]){ "50" }, 1) != NULL);
+    UNIT_CHECK(ric_retry_on_parse(&on, (char *[]){ "+503" }, 1) != NULL);
+
+    UNIT_CASE("idempotent methods (RFC 9110 §9.2.2)");
+    UNIT_CHECK(ric_retry_method_idempotent(RIC_HTTP_GET));
+    UNIT_CHECK(ric_retry_method_idempotent(RIC_HTTP_PUT));
+    UNIT_CHECK(ric_retry_method_idempotent(RIC_HTTP_DELETE));
+    UNIT_CHECK(!ric_retry_method_idempotent(RIC_HTTP_POST));
+    UNIT_CHECK(!ric_retry_method_idempotent(RIC_HTTP_PATCH));
+    UNIT_CHECK(!ric_retry_method_idempotent(RIC_HTTP_METHOD_OTHER));
+
+    UNIT_CASE("client deadlines: ms or a duration");
+#define DL(s) ric_retry_parse_deadline((const u_char *) (s), sizeof(s) - 1, &ms)
+    UNIT_CHECK(DL("1500") == RIC_OK && ms == 1500);
+    UNIT_CHECK(DL("1.5s") == RIC_OK && ms == 1500);
+    UNIT_CHECK(DL("250ms") == RIC_OK && ms == 250);
+    UNIT_CHECK(DL("2m") == RIC_OK && ms == 120000);
+    UNIT_CHECK(DL(" 0 ") == RIC_OK && ms == 0);
+    UNIT_CHECK(DL("0.25s") == RIC_OK && ms == 250);
+    UNIT_CHECK(DL("") == RIC_ERROR);
+    UNIT_CHECK(DL("-1") == RIC_ERROR);
+    UNIT_CHECK(DL("1.5") == RIC_ERROR);
+    UNIT_CHECK(DL("1h") == RIC_ERROR);
+    UNIT_CHECK(DL("abc") == RIC_ERROR);
+    UNIT_CHECK(DL("1.s") == RIC_ERROR);
+    UNIT_CHECK(DL("99999999999999999999") == RIC_ERROR);
+    return UNIT_DONE("retry");
+}
