@@ -2,7 +2,9 @@
 #include "access_log.h"
 #include "conf.h"
 #include "log.h"
+#include "plan.h"
 #include "process.h"
+#include "retry.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -11,6 +13,7 @@
 #include <lualib.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 static void
@@ -27,7 +30,11 @@ usage(FILE *out)
             "              current directory)\n"
             "  -c FILE     the configuration file (default: PREFIX/conf/ricochet.conf,\n"
             "              or the built-in default when that file does not exist)\n"
-            "  --directives  list every configuration directive with its default\n");
+            "  --directives  list every configuration directive with its default\n"
+            "\n"
+            "usage: ricochet plan [-p PREFIX] [-c FILE] [LOCATION]\n"
+            "  print each route's retry schedule: the wait window before every retry,\n"
+            "  the worst case against retry_timeout, and retries that can never happen\n");
 }
 
 /* LuaJIT's own idea of its version, read at run time. */
@@ -64,6 +71,49 @@ print_versions(void)
 
 int ric_conf_print_directives(FILE *out);
 
+/* `ricochet plan [-c FILE] [-p PREFIX] [LOCATION]` */
+static int
+plan(int argc, char **argv)
+{
+    const char *prefix = NULL, *file = NULL, *filter = NULL;
+    char err[1024];
+    ric_conf_t *conf;
+    int opt, n;
+
+    if (getenv("RICOCHET_NO_RETRY") != NULL && strcmp(getenv("RICOCHET_NO_RETRY"), "1") == 0) {
+        ric_retry_killed = 1;
+    }
+    while ((opt = getopt(argc, argv, "c:p:h")) != -1) {
+        switch (opt) {
+        case 'c':
+            file = optarg;
+            break;
+        case 'p':
+            prefix = optarg;
+            break;
+        default:
+            fprintf(opt == 'h' ? stdout : stderr,
+                    "usage: ricochet plan [-p PREFIX] [-c FILE] [LOCATION]\n");
+            return opt == 'h' ? 0 : 1;
+        }
+    }
+    if (optind < argc) {
+        filter = argv[optind];
+    }
+    conf = ric_conf_load(prefix, file, err, sizeof(err));
+    if (conf == NULL) {
+        fprintf(stderr, "ricochet: %s\n", err);
+        return 1;
+    }
+    n = ric_plan_print(conf, filter, stdout);
+    if (n == 0) {
+        fprintf(stderr, "ricochet: no proxied location%s%s in %s\n", filter ? " matches " : "",
+                filter ? filter : "", conf->file);
+    }
+    ric_conf_free(conf);
+    return n > 0 ? 0 : 1;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -75,6 +125,9 @@ main(int argc, char **argv)
 
     if (argc == 2 && strcmp(argv[1], "--directives") == 0) {
         return ric_conf_print_directives(stdout);
+    }
+    if (argc >= 2 && strcmp(argv[1], "plan") == 0) {
+        return plan(argc - 1, argv + 1);
     }
     while ((opt = getopt(argc, argv, "hvtc:p:s:")) != -1) {
         switch (opt) {
@@ -134,6 +187,10 @@ main(int argc, char **argv)
         return 1;
     }
     ric_log_use(&log);
+    if (getenv("RICOCHET_NO_RETRY") != NULL && strcmp(getenv("RICOCHET_NO_RETRY"), "1") == 0) {
+        ric_retry_killed = 1;
+        ric_log_error(RIC_LOG_NOTICE, 0, "RICOCHET_NO_RETRY=1: every retry is off");
+    }
     if (ric_access_log_open(conf, err, sizeof(err)) != RIC_OK) {
         fprintf(stderr, "ricochet: %s\n", err);
         ric_conf_free(conf);

@@ -65,6 +65,31 @@ describe("ricochet -t", function()
         assert.truthy(out:find(dir .. "/conf/sites/b.conf:2: invalid value \"1q\"", 1, true), out)
     end)
 
+    it("plan prints each route's waits and warns about retries that can never happen", function()
+        H.write_file(dir .. "/plan.conf", [[
+http {
+    upstream u { server 127.0.0.1:1; }
+    server {
+        listen 127.0.0.1:1;
+        location /a { proxy_pass http://u; retry_attempts 8; retry_backoff 2s 10s 2 jitter=none;
+                      retry_timeout 20s; per_try_timeout 5s; }
+        location /b { proxy_pass http://u; }
+    }
+}
+]])
+        local code, out = H.run({ H.bin(), "plan", "-c", dir .. "/plan.conf", "/a" })
+        assert.equal(0, code, out)
+        assert.matches("retry 1 %(attempt 2%): wait 2s, starts 2s to 7s", out)
+        assert.matches("retry 3 %(attempt 4%): wait 8s", out)
+        assert.matches("retry 4 %(attempt 5%): wait 10s, starts 24s to 44s after the request  %-%- can never happen", out)
+        assert.matches("warning: 4 of the 7 retries can never happen within retry_timeout", out)
+        assert.is_nil(out:find("location /b", 1, true))
+        code, out = H.run({ H.bin(), "plan", "-c", dir .. "/plan.conf" })
+        assert.equal(0, code)
+        assert.matches("location /b %-> upstream u", out)
+        assert.matches("wait %[0ms, 250ms%)", out)
+    end)
+
     it("prints the version and the libraries it runs on", function()
         local code, out = H.run({ H.bin(), "-v" })
         assert.equal(0, code)

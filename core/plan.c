@@ -1,0 +1,115 @@
+/* plan.c: prints each route's wait windows, worst case and impossible attempts against retry_timeout. */
+#include "plan.h"
+#include "backoff.h"
+#include "retry.h"
+
+#define PLAN_UNBOUNDED_SHOWN 10 /* retries listed when retry_attempts is 0 */
+
+static const char *
+fmt_ms(int64_t ms, char *buf, size_t size)
+{
+    if (ms % 1000 == 0 && ms >= 1000) {
+        snprintf(buf, size, "%llds", (long long) (ms / 1000));
+    } else if (ms >= 1000) {
+        snprintf(buf, size, "%.3gs", (double) ms / 1000.0);
+    } else {
+        snprintf(buf, size, "%lldms", (long long) ms);
+    }
+    return buf;
+}
+
+static void
+print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
+{
+    const ric_http_settings_t *st = &l->settings;
+    ric_backoff_t b;
+    char a[32], c[32], d[32], e[32];
+    int64_t lo, hi, earliest = 0, latest = 0, timeout = st->retry_timeout;
+    int64_t per_try = ric_min(st->per_try_timeout, timeout);
+    int n, attempts = (int) st->retry_attempts, shown, never = 0;
+
+    b.initial_ms = st->retry_backoff_initial;
+    b.max_ms = st->retry_backoff_max;
+    b.factor = (double) st->retry_backoff_factor_milli / 1000.0;
+    b.jitter = (ric_jitter_t) st->retry_backoff_jitter;
+
+    fprintf(out, "location %s%s", l->exact ? "= " : "", l->path);
+    if (s->nnames > 0 && s->names[0][0] != '\0') {
+        fprintf(out, " (server %s)", s->names[0]);
+    }
+    fprintf(out, " -> upstream %s (%s:%d)\n", l->upstream->name, l->file, l->line);
+
+    if (st->retries != 1 || ric_retry_killed) {
+        fprintf(out, "  retries off: every request is one attempt of at most %s\n\n",
+                fmt_ms(per_try, a, sizeof(a)));
+        return;
+    }
+    fprintf(out, "  retry_attempts %d, retry_backoff %s %s %g jitter=%s, per_try_timeout %s, "
+            "retry_timeout %s\n", attempts, fmt_ms(b.initial_ms, a, sizeof(a)),
+            fmt_ms(b.max_ms, c, sizeof(c)), b.factor, ric_backoff_jitter_name(b.jitter),
+            fmt_ms(st->per_try_timeout, d, sizeof(d)), fmt_ms(timeout, e, sizeof(e)));
+    fprintf(out, "  attempt 1: starts at once, lasts up to %s\n", fmt_ms(per_try, a, sizeof(a)));
+    latest = per_try;
+
+    shown = attempts > 0 ? attempts - 1 : PLAN_UNBOUNDED_SHOWN;
+    for (n = 1; n <= shown; n++) {
+        ric_backoff_range(&b, n, &lo, &hi);
+        /* the earliest an attempt can start: every earlier one failed at
+         * once and every wait was the shortest */
+        earliest += lo;
+        latest += hi;
+        if (b.jitter == RIC_JITTER_NONE) {
+            fprintf(out, "  retry %d (attempt %d): wait %s", n, n + 1, fmt_ms(lo, a, sizeof(a)));
+        } else {
+            fprintf(out, "  retry %d (attempt %d): wait [%s, %s)", n, n + 1,
+                    fmt_ms(lo, a, sizeof(a)), fmt_ms(hi, c, sizeof(c)));
+        }
+        fprintf(out, ", starts %s to %s after the request", fmt_ms(earliest, d, sizeof(d)),
+                fmt_ms(latest, e, sizeof(e)));
+        if (earliest >= timeout) {
+            fprintf(out, "  -- can never happen: retry_timeout %s has passed\n",
+                    fmt_ms(timeout, a, sizeof(a)));
+            never++;
+        } else if (latest >= timeout) {
+            fprintf(out, "  -- may be cut short by retry_timeout\n");
+        } else {
+            fprintf(out, "\n");
+        }
+        latest += per_try;
+    }
+    if (attempts == 0) {
+        fprintf(out, "  ... and so on: retry_attempts 0 is bounded by retry_timeout only\n");
+    }
+    fprintf(out, "  worst case: %s if every attempt times out and every wait is the longest; "
+            "retry_timeout %s %s\n", fmt_ms(latest, a, sizeof(a)),
+            fmt_ms(timeout, c, sizeof(c)),
+            latest > timeout ? "ends it first" : "is never reached");
+    if (never > 0) {
+        fprintf(out, "  warning: %d of the %d retries can never happen within retry_timeout; "
+                "lower retry_attempts or retry_backoff, or raise retry_timeout\n", never, shown);
+    }
+    fprintf(out, "\n");
+}
+
+int
+ric_plan_print(const ric_conf_t *conf, const char *filter, FILE *out)
+{
+    const ric_server_conf_t *s;
+    const ric_location_conf_t *l;
+    int n = 0;
+
+    if (conf->http == NULL) {
+        return 0;
+    }
+    for (s = conf->http->servers; s; s = s->next) {
+        for (l = s->locations; l; l = l->next) {
+            if (l->upstream == NULL
+                || (filter != NULL && strncmp(l->path, filter, strlen(filter)) != 0)) {
+                continue;
+            }
+            print_route(s, l, out);
+            n++;
+        }
+    }
+    return n;
+}
