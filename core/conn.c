@@ -25,6 +25,7 @@
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void conn_run(ric_conn_t *c);
+static void start_streaming(ric_conn_t *c);
 
 static int64_t
 now_ms(void)
@@ -289,6 +290,22 @@ handle(ric_conn_t *c)
     log_local_answer(c);
 }
 
+/* Sends "100 Continue" once, when the client waits for it before sending
+ * its body (and has sent none yet). */
+static int
+send_continue(ric_conn_t *c)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
+    if (c->msg.expect_continue && !c->continue_sent && c->in_len == c->in_used
+        && c->msg.version == 11
+        && send(c->fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL) != (ssize_t) sizeof(cont) - 1) {
+        return RIC_ERROR;
+    }
+    c->continue_sent = 1;
+    return RIC_OK;
+}
+
 /* The head is parsed: pick the route and decide what happens to the body. */
 static void
 request_start(ric_conn_t *c)
@@ -333,6 +350,15 @@ request_start(ric_conn_t *c)
     ric_http_chunked_init(&c->chunked);
     c->read_deadline = now_ms() + c->settings->client_body_timeout;
     c->state = RIC_CONN_BODY;
+    if (proxied(c) && m->body == RIC_BODY_LENGTH
+        && m->content_length > (uint64_t) c->settings->retry_body_max) {
+        /* too large to hold for replay: it streams through, sent once */
+        if (send_continue(c) != RIC_OK) {
+            ric_conn_close(c);
+            return;
+        }
+        start_streaming(c);
+    }
 }
 
 /* Drops body bytes [from, to) of in[] by moving what follows down. */
@@ -343,9 +369,34 @@ in_discard(ric_conn_t *c, size_t from, size_t to)
     c->in_len -= to - from;
 }
 
-/* Consumes the body bytes in the buffer. Until proxying lands the body is
- * read and dropped, so the connection stays usable for the next request.
- * Returns RIC_DONE, RIC_AGAIN, or RIC_ERROR after queueing the answer. */
+/* Where body bytes go: nowhere (answered here), the replay buffer, or the
+ * upstream as they come (streaming). RIC_OK; RIC_ERROR when the temp file
+ * failed; RIC_DECLINED when the buffer just passed retry_body_max, so the
+ * rest must stream. */
+static int
+body_sink(ric_conn_t *c, const u_char *data, size_t n)
+{
+    if (!proxied(c)) {
+        return RIC_OK;
+    }
+    if (c->body_streaming) {
+        if (c->proxy != NULL && ric_proxy_body_data(c->proxy, data, n)) {
+            c->body_paused = 1;
+        }
+        return RIC_OK;
+    }
+    if (ric_body_append(&c->body, data, n) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    if (ric_body_size(&c->body) > (uint64_t) c->settings->retry_body_max) {
+        return RIC_DECLINED;
+    }
+    return RIC_OK;
+}
+
+/* Consumes the body bytes in the buffer into the sink. Returns RIC_DONE,
+ * RIC_AGAIN (more to come, or the sink is paused), RIC_DECLINED (switch to
+ * streaming), or RIC_ERROR with c->body_error set (400, 413 or 500). */
 static int
 body_consume(ric_conn_t *c)
 {
@@ -353,47 +404,130 @@ body_consume(ric_conn_t *c)
     uint64_t limit = (uint64_t) c->settings->client_max_body_size;
     const u_char *p, *end, *data;
     size_t dlen;
-    int rc;
+    int rc, sink = RIC_OK;
 
     if (c->msg.body == RIC_BODY_LENGTH) {
         take = (size_t) ric_min((uint64_t) avail, c->body_left);
-        if (proxied(c) && take > 0
-            && ric_body_append(&c->body, c->in + c->in_used, take) != RIC_OK) {
-            respond_close(c, 500);
-            return RIC_ERROR;
+        if (take > 0) {
+            sink = body_sink(c, c->in + c->in_used, take);
+            if (sink == RIC_ERROR) {
+                c->body_error = 500;
+                return RIC_ERROR;
+            }
         }
         in_discard(c, c->in_used, c->in_used + take);
         c->body_left -= take;
         c->body_received += take;
-        return c->body_left == 0 ? RIC_DONE : RIC_AGAIN;
+        if (c->body_left == 0) {
+            return RIC_DONE;
+        }
+        return sink == RIC_DECLINED ? RIC_DECLINED : RIC_AGAIN;
     }
 
     p = c->in + c->in_used;
     end = c->in + c->in_len;
     for (;;) {
         rc = ric_http_chunked_next(&c->chunked, &p, end, &data, &dlen);
-        if (rc == RIC_OK) {
-            c->body_received += dlen;
-            if (limit > 0 && c->body_received > limit) {
-                log_client_error(c, "too large a body", 413, NULL);
-                respond_close(c, 413);
-                return RIC_ERROR;
-            }
-            if (proxied(c) && ric_body_append(&c->body, data, dlen) != RIC_OK) {
-                respond_close(c, 500);
-                return RIC_ERROR;
-            }
-            continue;
+        if (rc != RIC_OK) {
+            break;
         }
-        break;
+        c->body_received += dlen;
+        if (limit > 0 && c->body_received > limit) {
+            log_client_error(c, "too large a body", 413, NULL);
+            c->body_error = 413;
+            return RIC_ERROR;
+        }
+        sink = body_sink(c, data, dlen);
+        if (sink == RIC_ERROR) {
+            c->body_error = 500;
+            return RIC_ERROR;
+        }
+        if (sink == RIC_DECLINED || c->body_paused) {
+            rc = RIC_AGAIN;
+            break;
+        }
     }
     in_discard(c, c->in_used, (size_t) (p - c->in));
     if (rc == RIC_ERROR) {
         log_client_error(c, "an invalid chunked body", 400, NULL);
-        respond_close(c, 400);
+        c->body_error = 400;
         return RIC_ERROR;
     }
-    return rc == RIC_DONE ? RIC_DONE : RIC_AGAIN;
+    if (rc == RIC_DONE) {
+        return RIC_DONE;
+    }
+    return sink == RIC_DECLINED ? RIC_DECLINED : RIC_AGAIN;
+}
+
+/* The body of a streaming request broke (bad chunk, too large, stalled):
+ * answer it when nothing of the upstream's answer went out yet. */
+static void
+stream_error(ric_conn_t *c, int status)
+{
+    if (c->proxy != NULL && ric_proxy_responding(c->proxy)) {
+        ric_conn_close(c);
+        return;
+    }
+    if (c->proxy != NULL) {
+        ric_proxy_abort(c->proxy);
+    }
+    respond_close(c, status);
+    conn_run(c);
+}
+
+/* Passes the body bytes that arrived to the upstream, while the proxy runs. */
+static void
+stream_body(ric_conn_t *c)
+{
+    int rc;
+
+    if (c->body_paused || c->body_done || c->state != RIC_CONN_PROXY) {
+        return;
+    }
+    rc = body_consume(c);
+    if (c->state != RIC_CONN_PROXY) {
+        return; /* the exchange ended meanwhile */
+    }
+    switch (rc) {
+    case RIC_DONE:
+        c->body_done = 1;
+        event_add(c->rev, NULL);
+        if (c->proxy != NULL) {
+            ric_proxy_body_done(c->proxy);
+        }
+        return;
+    case RIC_ERROR:
+        stream_error(c, c->body_error);
+        return;
+    default:
+        if (c->body_paused) {
+            event_del(c->rev); /* the upstream is behind: stop reading the client */
+        } else {
+            arm_read(c, c->read_deadline);
+        }
+    }
+}
+
+void
+ric_conn_body_resume(ric_conn_t *c)
+{
+    if (!c->body_paused) {
+        return;
+    }
+    c->body_paused = 0;
+    c->read_deadline = now_ms() + c->settings->client_body_timeout;
+    stream_body(c);
+}
+
+/* Starts proxying a body that will not be held whole. */
+static void
+start_streaming(ric_conn_t *c)
+{
+    c->body_streaming = 1;
+    handle(c);
+    if (c->state == RIC_CONN_PROXY) {
+        stream_body(c);
+    }
 }
 
 /* Writes pending output. RIC_OK when all is written, RIC_AGAIN, RIC_ERROR. */
@@ -452,6 +586,7 @@ request_finish(ric_conn_t *c)
     c->in_used = 0;
     ric_http_msg_init(&c->msg);
     ric_body_reset(&c->body);
+    c->body_streaming = c->body_done = c->body_paused = 0;
     c->location = NULL;
     c->state = RIC_CONN_HEAD;
     c->server = c->listener->default_server;
@@ -495,17 +630,10 @@ conn_run(ric_conn_t *c)
             break;
 
         case RIC_CONN_BODY:
-            if (c->msg.expect_continue && !c->continue_sent && c->in_len == c->in_used
-                && c->msg.version == 11) {
-                static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-                /* the client waits for this before sending the body */
-                if (send(c->fd, cont, sizeof(cont) - 1, MSG_NOSIGNAL)
-                    != (ssize_t) sizeof(cont) - 1) {
-                    ric_conn_close(c);
-                    return;
-                }
+            if (send_continue(c) != RIC_OK) {
+                ric_conn_close(c);
+                return;
             }
-            c->continue_sent = 1;
             rc = body_consume(c);
             if (rc == RIC_AGAIN) {
                 arm_read(c, c->read_deadline);
@@ -513,6 +641,10 @@ conn_run(ric_conn_t *c)
             }
             if (rc == RIC_DONE) {
                 handle(c);
+            } else if (rc == RIC_DECLINED) {
+                start_streaming(c);
+            } else {
+                respond_close(c, c->body_error);
             }
             break;
 
@@ -610,6 +742,24 @@ on_read(evutil_socket_t fd, short what, void *arg)
         event_del(c->rev);
         return;
     }
+    if (c->state == RIC_CONN_PROXY && c->body_streaming && !c->body_done) {
+        if (what & EV_TIMEOUT) {
+            ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while sending a streamed "
+                          "request body, client: %s", c->peer);
+            stream_error(c, 408);
+            return;
+        }
+        n = read_some(c);
+        if (n == 0 || n == RIC_ERROR) {
+            ric_log_error(RIC_LOG_INFO, 0, "client closed the connection while sending the "
+                          "request body, client: %s", c->peer);
+            ric_conn_close(c);
+            return;
+        }
+        c->read_deadline = now_ms() + c->settings->client_body_timeout;
+        stream_body(c);
+        return;
+    }
     if (c->state == RIC_CONN_PROXY) {
         /* pipelined bytes wait in the buffer; an end of stream means the
          * client gave up, and the exchange with it */
@@ -677,6 +827,11 @@ on_write(evutil_socket_t fd, short what, void *arg)
 void
 ric_conn_respond(ric_conn_t *c, int status)
 {
+    if (c->body_streaming && !c->body_done) {
+        /* the rest of the body was never read: nothing after it can be trusted */
+        c->close_after = 1;
+        c->linger = 1;
+    }
     c->out_len = c->out_sent = 0;
     respond(c, status);
     conn_run(c);

@@ -41,6 +41,10 @@ struct ric_conn_s {
     uint64_t body_received; /* body bytes so far (for client_max_body_size) */
     int continue_sent;
     ric_body_t body; /* kept for the upstream when the route proxies */
+    int body_streaming; /* too large to hold: sent upstream as it arrives */
+    int body_done;      /* ...and all of it has arrived */
+    int body_paused;    /* ...and the upstream is behind: the client waits */
+    int body_error;     /* the status a broken body gets */
 
     /* the current request's route */
     ric_server_conf_t *server;
@@ -76,6 +80,9 @@ void ric_conn_close(ric_conn_t *c);
 /* Queues the gateway's own answer (502, 504, 500...) to the current
  * request; the connection goes on from there. */
 void ric_conn_respond(ric_conn_t *c, int status);
+
+/* The streaming proxy caught up: read the client's body again. */
+void ric_conn_body_resume(ric_conn_t *c);
 
 /* Appends bytes to the pending output. */
 void ric_conn_out_append(ric_conn_t *c, const void *p, size_t n);

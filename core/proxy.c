@@ -60,6 +60,7 @@ struct ric_proxy_s {
     ric_retry_policy_t policy;
     int attempt;           /* the current attempt, from 1 */
     int64_t deadline_ms;   /* the request's deadline (monotonic ms) */
+    int64_t deadline_span_ms; /* min(retry_timeout, the client's own) */
     int replay_safe;
     int body_replayable;
     ric_peer_t *prev_peer; /* a retry prefers another server */
@@ -67,12 +68,38 @@ struct ric_proxy_s {
     struct event try_timer;  /* per_try_timeout, bounded by the deadline */
     struct event wait_timer; /* the backoff before the next attempt */
     char minted_key[40];     /* idempotency_key auto: one key for every attempt */
+
+    /* a body too large to hold for replay streams through: its bytes wait
+     * here (framed as chunks when the client sent chunks) until written */
+    int streaming;
+    int stream_chunked;
+    int stream_done;   /* the client's body ended; its terminator is staged */
+    int send_blocked;  /* a write waits for the upstream socket */
+    u_char *stage;
+    size_t stage_len;
+    size_t stage_sent;
+    size_t stage_size;
 };
+
+#define STAGE_HIGH_WATER (64 * 1024) /* above it the client is not read */
 
 static void on_upstream_read(ric_upconn_t *uc, short what);
 static void on_upstream_write(ric_upconn_t *uc, short what);
 static void relay(ric_proxy_t *p);
 static void attempt_start(ric_proxy_t *p);
+
+/* per_try_timeout, bounded by what is left of the request's deadline. */
+static void
+arm_try_timer(ric_proxy_t *p)
+{
+    int64_t ms = ric_min(p->c->settings->per_try_timeout,
+                         ric_max(p->deadline_ms - ric_now_ms(), (int64_t) 1));
+    struct timeval tv;
+
+    tv.tv_sec = (time_t) (ms / 1000);
+    tv.tv_usec = (suseconds_t) (ms % 1000) * 1000;
+    event_add(&p->try_timer, &tv);
+}
 
 /* --- output buffer helpers ------------------------------------------------ */
 
@@ -413,7 +440,14 @@ build_request(ric_proxy_t *p)
         }
         req_puts(p, "\r\n");
     }
-    if (m->body != RIC_BODY_NONE || has_length) {
+    if (p->streaming && p->stream_chunked) {
+        req_puts(p, "Transfer-Encoding: chunked\r\n");
+    } else if (p->streaming) {
+        snprintf(num, sizeof(num), "%llu", (unsigned long long) m->content_length);
+        req_puts(p, "Content-Length: ");
+        req_puts(p, num);
+        req_puts(p, "\r\n");
+    } else if (m->body != RIC_BODY_NONE || has_length) {
         /* a chunked body goes upstream with its length, now known */
         snprintf(num, sizeof(num), "%llu", (unsigned long long) ric_body_size(&c->body));
         req_puts(p, "Content-Length: ");
@@ -440,6 +474,12 @@ build_request(ric_proxy_t *p)
         req_puts(p, "\r\n");
     }
     req_puts(p, "\r\n");
+    if (p->streaming && p->stream_chunked && ric_body_size(&c->body) > 0) {
+        /* what was held before streaming began goes first, as one chunk;
+         * its closing CRLF opens the stage */
+        snprintf(num, sizeof(num), "%llx\r\n", (unsigned long long) ric_body_size(&c->body));
+        req_puts(p, num);
+    }
 }
 
 /* --- the end of an exchange ------------------------------------------------ */
@@ -486,6 +526,7 @@ proxy_free(ric_proxy_t *p)
     p->c->proxy = NULL;
     free(p->req);
     free(p->buf);
+    free(p->stage);
     free(p);
 }
 
@@ -596,6 +637,12 @@ finish(ric_proxy_t *p)
     }
     proxy_free(p);
     ric_conn_proxy_done(c);
+}
+
+int
+ric_proxy_responding(const ric_proxy_t *p)
+{
+    return p->state == P_BODY;
 }
 
 void
@@ -785,6 +832,11 @@ got_head(ric_proxy_t *p)
         || c->requests + 1 >= s->keepalive_requests || p->resp.body == RIC_BODY_CLOSE
         || p->dechunk) {
         c->close_after = 1;
+    }
+    if (p->streaming && !p->stream_done) {
+        /* answered before the body ended: the rest of it is never read */
+        c->close_after = 1;
+        c->linger = 1;
     }
     p->relay_start = p->resp.head_len;
     p->relay_end = p->resp.head_len;
@@ -1031,6 +1083,7 @@ send_request(ric_proxy_t *p)
                 continue;
             }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                p->send_blocked = 1;
                 ric_upconn_want_write(uc, c->settings->proxy_send_timeout);
                 return;
             }
@@ -1039,8 +1092,93 @@ send_request(ric_proxy_t *p)
         }
         p->sent += (uint64_t) n;
     }
+    p->send_blocked = 0;
+    if (p->streaming) {
+        while (p->stage_sent < p->stage_len) {
+            n = send(uc->fd, p->stage + p->stage_sent, p->stage_len - p->stage_sent,
+                     MSG_NOSIGNAL);
+            if (n == -1) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                    p->send_blocked = 1;
+                    ric_upconn_want_write(uc, c->settings->proxy_send_timeout);
+                    return;
+                }
+                fail(p, RIC_CLASS_RESET, errno, "sending the request body failed");
+                return;
+            }
+            p->stage_sent += (size_t) n;
+        }
+        p->stage_len = p->stage_sent = 0;
+        if (!p->stream_done) {
+            /* drained: let the client send more */
+            ric_conn_body_resume(c);
+            return;
+        }
+        /* the client's upload pace is not the upstream's: the deadline and
+         * per_try_timeout count from the end of a streamed body */
+        p->deadline_ms = ric_now_ms() + p->deadline_span_ms;
+        arm_try_timer(p);
+    }
     p->state = P_HEAD;
     ric_upconn_read_timeout(uc, c->settings->proxy_read_timeout);
+}
+
+static void
+stage_put(ric_proxy_t *p, const void *data, size_t n)
+{
+    if (p->stage_len + n > p->stage_size) {
+        p->stage_size = ric_max(p->stage_size * 2, p->stage_len + n + 1024);
+        p->stage = ric_xrealloc(p->stage, p->stage_size);
+    }
+    memcpy(p->stage + p->stage_len, data, n);
+    p->stage_len += n;
+}
+
+/* Sends what is staged when the upstream can take it now. */
+static void
+stage_kick(ric_proxy_t *p)
+{
+    if (p->state == P_SENDING && !p->send_blocked && p->sent >= p->req_len
+                                                                 + ric_body_size(&p->c->body)) {
+        send_request(p);
+    }
+}
+
+int
+ric_proxy_body_data(ric_proxy_t *p, const u_char *data, size_t n)
+{
+    char line[32];
+    int len;
+
+    if (p->state > P_SENDING) {
+        return 0; /* the upstream already answered: the rest is dropped */
+    }
+    if (p->stream_chunked) {
+        len = snprintf(line, sizeof(line), "%zx\r\n", n);
+        stage_put(p, line, (size_t) len);
+    }
+    stage_put(p, data, n);
+    if (p->stream_chunked) {
+        stage_put(p, "\r\n", 2);
+    }
+    stage_kick(p);
+    return p->c->proxy == p && p->stage_len - p->stage_sent > STAGE_HIGH_WATER;
+}
+
+void
+ric_proxy_body_done(ric_proxy_t *p)
+{
+    p->stream_done = 1;
+    if (p->state > P_SENDING) {
+        return;
+    }
+    if (p->stream_chunked) {
+        stage_put(p, "0\r\n\r\n", 5);
+    }
+    stage_kick(p);
 }
 
 static void
@@ -1068,6 +1206,7 @@ on_upstream_write(ric_upconn_t *uc, short what)
             fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (proxy_send_timeout)");
             return;
         }
+        p->send_blocked = 0;
         send_request(p);
     }
 }
@@ -1102,7 +1241,6 @@ attempt_start(ric_proxy_t *p)
     ric_conn_t *c = p->c;
     int64_t now = ric_now_ms();
     int64_t per_try = ric_min(c->settings->per_try_timeout, ric_max(p->deadline_ms - now, 1));
-    struct timeval tv;
 
     p->attempt++;
     p->reused = 0;
@@ -1116,9 +1254,7 @@ attempt_start(ric_proxy_t *p)
 
     p->attempt_start_us = ric_now_us();
     p->peer = ric_upstream_pick(p->up, p->prev_peer, now);
-    tv.tv_sec = (time_t) (per_try / 1000);
-    tv.tv_usec = (suseconds_t) (per_try % 1000) * 1000;
-    event_add(&p->try_timer, &tv);
+    arm_try_timer(p);
 
     p->uc = ric_upstream_pool_get(p->up, p->peer);
     if (p->uc != NULL) {
@@ -1206,17 +1342,18 @@ retry_setup(ric_proxy_t *p)
     p->policy.retry_after_max_ms = s->retry_after_max;
     p->policy.retry_on = refs->retry_on;
 
-    p->deadline_ms = now + s->retry_timeout;
+    p->deadline_span_ms = s->retry_timeout;
     v = request_field(c, refs->client_deadline_header);
     if (v.data != NULL) {
         if (ric_retry_parse_deadline(v.data, v.len, &client_ms) == RIC_OK) {
-            p->deadline_ms = ric_min(p->deadline_ms, now + client_ms);
+            p->deadline_span_ms = ric_min(p->deadline_span_ms, client_ms);
         } else {
             ric_log_error(RIC_LOG_INFO, 0, "ignoring an invalid %s \"%.*s\", client: %s",
                           refs->client_deadline_header, (int) ric_min(v.len, (size_t) 64),
                           v.data, c->peer);
         }
     }
+    p->deadline_ms = now + p->deadline_span_ms;
 
     p->replay_safe = ric_retry_method_idempotent((int) c->msg.method);
     if (s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
@@ -1227,7 +1364,13 @@ retry_setup(ric_proxy_t *p)
             p->replay_safe = 1;
         }
     }
-    p->body_replayable = ric_body_size(&c->body) <= (uint64_t) s->retry_body_max;
+    p->streaming = c->body_streaming;
+    p->stream_chunked = c->body_streaming && c->msg.body == RIC_BODY_CHUNKED;
+    p->body_replayable = !p->streaming
+                         && ric_body_size(&c->body) <= (uint64_t) s->retry_body_max;
+    if (p->stream_chunked && ric_body_size(&c->body) > 0) {
+        stage_put(p, "\r\n", 2); /* ends the chunk of what was held (build_request) */
+    }
 
     p->up->budget.ratio = (double) s->retry_budget_permille / 1000.0;
     p->up->budget.min_per_sec = s->retry_budget_min;

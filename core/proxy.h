@@ -12,8 +12,19 @@
  * the exchange until it calls ric_conn_proxy_done or ric_conn_respond. */
 void ric_proxy_start(ric_conn_t *c);
 
+/* Streaming a body too large to hold (over retry_body_max): n more body
+ * bytes from the client. Returns 1 when the client should not be read
+ * until ric_conn_body_resume is called (the upstream is behind). */
+int ric_proxy_body_data(ric_proxy_t *p, const u_char *data, size_t n);
+
+/* The client's streamed body ended. */
+void ric_proxy_body_done(ric_proxy_t *p);
+
 /* The client socket became writable (or its send_timeout fired). */
 void ric_proxy_client_writable(ric_proxy_t *p);
+
+/* Whether any of the upstream's answer went to the client. */
+int ric_proxy_responding(const ric_proxy_t *p);
 
 /* The client went away: stop and release everything (the upstream
  * connection is closed, never pooled half-read). */
