@@ -8,7 +8,7 @@ set -eu
 pkgs_build="gcc make pkg-config libc6-dev libluajit2-5.1-dev luajit2 libevent-dev libssl-dev"
 pkgs_test="lua-busted lua-socket lua-cjson procps"
 pkgs_fuzz="clang libclang-rt-14-dev"
-pkgs_bench="wrk nginx haproxy procps bc luajit2 lua-socket"
+pkgs_bench="wrk nginx haproxy procps luajit2 lua-socket curl strace"
 
 want=""
 for group in "$@"; do

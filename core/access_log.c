@@ -197,7 +197,11 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
         putf(&o, ",\"duration\":%.6f,\"wait\":%.6f}", (double) a->duration_us / 1e6,
              (double) a->wait_us / 1e6);
     }
-    put_lit(&o, "]}");
+    put_lit(&o, "]");
+    if (e->attempts_total > e->nattempts) {
+        putf(&o, ",\"attempts_total\":%d", e->attempts_total);
+    }
+    put_lit(&o, "}");
     if (o.p >= o.end) {
         /* cut short: still one line, and the reader sees it is not JSON */
         o.p = o.end;

@@ -14,7 +14,7 @@ typedef struct {
     int64_t wait_us;    /* backoff before this attempt */
 } ric_attempt_t;
 
-#define RIC_MAX_ATTEMPTS 16
+#define RIC_MAX_ATTEMPTS 32 /* logged in full; longer schedules keep the first and the last */
 
 typedef struct {
     const char *client;
@@ -27,6 +27,7 @@ typedef struct {
     const char *upstream; /* the server of the final answer, or NULL */
     ric_attempt_t attempts[RIC_MAX_ATTEMPTS];
     int nattempts;
+    int attempts_total; /* attempts made, when more than were kept */
 } ric_access_entry_t;
 
 /* Opens every access log of conf (done by the master, so workers inherit

@@ -51,6 +51,7 @@ typedef struct {
     int64_t retry_backoff_jitter;       /* ric_jitter_t */
     int64_t retry_timeout;
     int64_t per_try_timeout;
+    int64_t per_try_timeout_set;        /* 1: given in the config, not the default */
     int64_t retry_after_max;
     int64_t retry_budget_permille;      /* RATIO * 1000 */
     int64_t retry_budget_min;           /* retries per second */

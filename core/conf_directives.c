@@ -822,6 +822,17 @@ set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 }
 
 static const char *
+set_per_try_timeout(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *reason = set_msec(cf, cmd, conf);
+
+    if (reason == NULL) {
+        ((ric_http_settings_t *) conf)->per_try_timeout_set = !cf->applying_defaults;
+    }
+    return reason;
+}
+
+static const char *
 set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
     ric_http_settings_t *s = conf;
@@ -1027,7 +1038,8 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "INITIAL MAX [FACTOR] [jitter=full|equal|none]: the wait before each retry" },
     { "retry_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(retry_timeout), "30s",
       "the whole request's deadline: every attempt and every wait" },
-    { "per_try_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(per_try_timeout),
+    { "per_try_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_per_try_timeout,
+      SETTINGS(per_try_timeout),
       "10s", "one attempt, until its response head" },
     { "retry_on", SETTINGS_CTX, RIC_CONF_1MORE | RIC_CONF_REF, set_retry_on, REFS(retry_on),
       "connect_error reset timeout 502 503 504 429",
@@ -1088,7 +1100,9 @@ ric_conf_apply_defaults(ric_conf_parse_t *cf, unsigned ctx, void *conf)
             cf->args[cf->nargs++] = word;
         }
         cf->ctx = ctx;
+        cf->applying_defaults = 1;
         reason = cmd->set(cf, cmd, conf);
+        cf->applying_defaults = 0;
         cf->ctx = saved_ctx;
         if (reason != NULL) {
             snprintf(cf->err, cf->errlen, "default of \"%s\": %s", cmd->name, reason);
@@ -1183,7 +1197,9 @@ static const char *
 check_retry_settings(ric_conf_parse_t *cf, const ric_http_settings_t *s, const char *file,
                      int line)
 {
-    if (s->per_try_timeout > s->retry_timeout) {
+    /* only when both were chosen: the default per-try time is simply cut
+     * to what is left of a shorter deadline */
+    if (s->per_try_timeout_set == 1 && s->per_try_timeout > s->retry_timeout) {
         return ric_conf_reason(cf, "%s:%d: per_try_timeout (%lldms) is above retry_timeout "
                                "(%lldms)", file, line, (long long) s->per_try_timeout,
                                (long long) s->retry_timeout);

@@ -48,6 +48,8 @@ struct ric_conf_parse_s {
     int nargs;
     int directive_line;
 
+    int applying_defaults;
+
     char reason[512];
     char *err;
     size_t errlen;

@@ -290,6 +290,36 @@ handle(ric_conn_t *c)
     log_local_answer(c);
 }
 
+/* An absolute-form target ("http://host/path?q") names the host itself,
+ * which wins over Host (RFC 9112 §3.2.2); routing uses its path. path
+ * arrives as the target up to '?'. */
+static void
+split_absolute_form(ric_str_t *path, ric_str_t *host)
+{
+    const u_char *p = path->data, *end = p + path->len, *auth;
+
+    if (path->len == 0 || p[0] == '/' || p[0] == '*') {
+        return;
+    }
+    auth = memchr(p, ':', path->len);
+    if (auth == NULL || end - auth < 3 || auth[1] != '/' || auth[2] != '/') {
+        return;
+    }
+    auth += 3;
+    for (p = auth; p < end && *p != '/'; p++) {
+    }
+    host->data = auth;
+    host->len = (size_t) (p - auth);
+    if (p == end) {
+        static const u_char slash[] = "/";
+        path->data = slash;
+        path->len = 1;
+    } else {
+        path->data = p;
+        path->len = (size_t) (end - p);
+    }
+}
+
 /* Sends "100 Continue" once, when the client waits for it before sending
  * its body (and has sent none yet). */
 static int
@@ -315,12 +345,15 @@ request_start(ric_conn_t *c)
     ric_str_t host = ric_null_string;
     uint64_t limit;
 
+    ric_str_t path = ric_http_span(c->in, m->target_off, m->path_len);
+
     if (m->host_index >= 0) {
         host = ric_http_span(c->in, m->fields[m->host_index].value_off,
                              m->fields[m->host_index].value_len);
     }
+    split_absolute_form(&path, &host);
     c->server = ric_route_server(c->listener, host);
-    loc = ric_route_location(c->server, ric_http_span(c->in, m->target_off, m->path_len));
+    loc = ric_route_location(c->server, path);
     c->location = loc;
     c->settings = loc ? &loc->settings : &c->server->settings;
     c->in_used = m->head_len;
@@ -825,6 +858,12 @@ on_write(evutil_socket_t fd, short what, void *arg)
 }
 
 void
+ric_conn_continue(ric_conn_t *c)
+{
+    conn_run(c);
+}
+
+void
 ric_conn_respond(ric_conn_t *c, int status)
 {
     if (c->body_streaming && !c->body_done) {
@@ -834,7 +873,6 @@ ric_conn_respond(ric_conn_t *c, int status)
     }
     c->out_len = c->out_sent = 0;
     respond(c, status);
-    conn_run(c);
 }
 
 void

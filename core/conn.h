@@ -78,8 +78,10 @@ int ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct so
 void ric_conn_close(ric_conn_t *c);
 
 /* Queues the gateway's own answer (502, 504, 500...) to the current
- * request; the connection goes on from there. */
+ * request (c->out_len is then its size); ric_conn_continue sends it and
+ * goes on with the connection. */
 void ric_conn_respond(ric_conn_t *c, int status);
+void ric_conn_continue(ric_conn_t *c);
 
 /* The streaming proxy caught up: read the client's body again. */
 void ric_conn_body_resume(ric_conn_t *c);

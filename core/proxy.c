@@ -22,6 +22,7 @@ typedef enum {
     P_CONNECTING,
     P_SENDING,
     P_HEAD,
+    P_DRAIN, /* reading the rest of a small response dropped for a retry */
     P_BODY
 } proxy_state_t;
 
@@ -69,6 +70,16 @@ struct ric_proxy_s {
     struct event wait_timer; /* the backoff before the next attempt */
     char minted_key[40];     /* idempotency_key auto: one key for every attempt */
 
+    /* the last response dropped for a retry, when it arrived whole: if the
+     * retries that follow get no response at all, the client gets this one
+     * (DESIGN §1.5: the final answer is the upstream's) */
+    u_char *kept;
+    size_t kept_len;
+    ric_http_msg_t kept_resp;
+    ric_peer_t *kept_peer;
+    ric_retry_decision_t pending; /* the retry waiting for P_DRAIN to end */
+    char pending_what[32];
+
     /* a body too large to hold for replay streams through: its bytes wait
      * here (framed as chunks when the client sent chunks) until written */
     int streaming;
@@ -87,6 +98,7 @@ static void on_upstream_read(ric_upconn_t *uc, short what);
 static void on_upstream_write(ric_upconn_t *uc, short what);
 static void relay(ric_proxy_t *p);
 static void attempt_start(ric_proxy_t *p);
+static void deliver_kept(ric_proxy_t *p);
 
 /* per_try_timeout, bounded by what is left of the request's deadline. */
 static void
@@ -264,6 +276,11 @@ put_template(ric_proxy_t *p, const ric_template_part_t *part)
             break;
         case RIC_VAR_HOST:
             v = request_host(c);
+            if (v.len == 0 && c->server->nnames > 0) {
+                /* no Host (HTTP/1.0): the server's first name, as in nginx */
+                v.data = (const u_char *) c->server->names[0];
+                v.len = strlen(c->server->names[0]);
+            }
             for (i = 0; i < v.len && v.data[i] != ':'; i++) {
                 u_char ch = v.data[i];
                 ch = (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
@@ -400,6 +417,7 @@ build_request(ric_proxy_t *p)
         name = field_name(c->in, m, i);
         if (is_hop_by_hop(name, &tokens) || ric_str_eq_lower(name, "host")
             || ric_str_eq_lower(name, "x-forwarded-for")
+            || ric_str_eq_lower(name, "x-forwarded-proto")
             || ric_str_eq_lower(name, "transfer-encoding") || ric_str_eq_lower(name, "expect")
             || find_set_header(sets, name) != NULL || name_is(name, refs->client_deadline_header)
             || name_is(name, refs->retry_attempt_header)) {
@@ -489,8 +507,10 @@ record_attempt(ric_proxy_t *p, const char *class, int status)
 {
     ric_attempt_t *a;
 
+    p->entry.attempts_total++;
     if (p->entry.nattempts >= RIC_MAX_ATTEMPTS) {
-        return;
+        /* a long schedule keeps its first attempts and its latest one */
+        p->entry.nattempts = RIC_MAX_ATTEMPTS - 1;
     }
     a = &p->entry.attempts[p->entry.nattempts++];
     a->server = p->peer ? p->peer->conf->addr_text : NULL;
@@ -527,6 +547,7 @@ proxy_free(ric_proxy_t *p)
     free(p->req);
     free(p->buf);
     free(p->stage);
+    free(p->kept);
     free(p);
 }
 
@@ -593,16 +614,24 @@ fail(ric_proxy_t *p, unsigned class, int err, const char *what)
         schedule_retry(p, &d, ric_retry_class_name(class));
         return;
     }
+    if (p->kept != NULL) {
+        ric_log_error(RIC_LOG_INFO, 0, "passing on the last response (%d) after %d attempts "
+                      "(%s), client: %s", p->kept_resp.status, p->attempt, d.reason, c->peer);
+        deliver_kept(p);
+        return;
+    }
     status = class == RIC_CLASS_TIMEOUT || (class == RIC_CLASS_CONNECT_ERROR && err == 0)
                  ? 504 : 502;
     if (p->attempt > 1) {
         ric_log_error(RIC_LOG_ERR, 0, "giving up after %d attempts (%s), client: %s",
                       p->attempt, d.reason, c->peer);
     }
-    p->entry.bytes = 0;
+    ric_conn_respond(c, status);
+    p->entry.bytes = c->out_len;
+    p->entry.upstream = p->peer->conf->addr_text; /* the last one tried, as nginx logs it */
     write_access_log(p, status);
     proxy_free(p);
-    ric_conn_respond(c, status);
+    ric_conn_continue(c);
 }
 
 /* The upstream broke after the response head went out: the client's
@@ -630,7 +659,7 @@ finish(ric_proxy_t *p)
     ric_conn_t *c = p->c;
 
     write_access_log(p, p->resp.status);
-    if (p->reusable && p->resp.keep_alive) {
+    if (p->uc != NULL && p->reusable && p->resp.keep_alive) {
         p->uc->requests++;
         ric_upstream_pool_put(p->uc);
         p->uc = NULL;
@@ -744,7 +773,8 @@ build_client_head(ric_proxy_t *p)
     for (i = 0; i < r->nfields; i++) {
         ric_str_t name = field_name(p->buf, r, i);
         if (is_hop_by_hop(name, &tokens)
-            || (p->dechunk && ric_str_eq_lower(name, "transfer-encoding"))) {
+            || ((p->dechunk || c->msg.version == 10)
+                && ric_str_eq_lower(name, "transfer-encoding"))) {
             continue;
         }
         /* name, ": ", value are contiguous in what the upstream sent only
@@ -765,6 +795,24 @@ build_client_head(ric_proxy_t *p)
 /* A response whose status is worth a retry: decide, and when retrying,
  * drop it — its connection is kept only if the whole response is already
  * here, never reused half-read. Returns 1 when a retry was scheduled. */
+/* A dropped response that arrived whole: keep it as the answer of last
+ * resort, and its connection when the upstream allows. */
+static void
+keep_response(ric_proxy_t *p)
+{
+    u_char *spare = p->kept;
+
+    p->kept = p->buf;
+    p->kept_len = p->relay_end;
+    p->kept_resp = p->resp;
+    p->kept_peer = p->peer;
+    p->buf = spare != NULL ? spare : ric_xmalloc(PROXY_BUF_SIZE);
+    if (p->reusable && p->resp.keep_alive) {
+        ric_upstream_pool_put(p->uc);
+        p->uc = NULL;
+    }
+}
+
 static int
 retry_on_status(ric_proxy_t *p)
 {
@@ -772,7 +820,7 @@ retry_on_status(ric_proxy_t *p)
     ric_retry_decision_t d;
     ric_str_t ra;
     char what[32];
-    int status = p->resp.status;
+    int status = p->resp.status, rc;
 
     if (!ric_retry_on_match(p->policy.retry_on, RIC_CLASS_STATUS, status)) {
         ric_upstream_report(p->up, p->peer, 0, ric_now_ms());
@@ -799,27 +847,89 @@ retry_on_status(ric_proxy_t *p)
     ric_http_chunked_init(&p->chunked);
     p->dechunk = 0;
     p->reusable = !p->early_answer;
-    if (scan_body(p, p->resp.head_len) == RIC_OK && p->resp_done && p->reusable
-        && p->resp.keep_alive) {
-        ric_upstream_pool_put(p->uc);
-        p->uc = NULL;
-    }
     snprintf(what, sizeof(what), "status %d", status);
+    p->relay_end = p->resp.head_len;
+    rc = scan_body(p, p->resp.head_len);
+    if (rc == RIC_OK && p->resp_done) {
+        keep_response(p);
+    } else if (rc == RIC_OK && p->resp.body != RIC_BODY_CLOSE
+               && (p->resp.body == RIC_BODY_CHUNKED
+                   || p->resp.head_len + p->resp.content_length <= PROXY_BUF_SIZE)) {
+        /* small: read the rest before retrying, to keep it */
+        p->state = P_DRAIN;
+        p->pending = d;
+        memcpy(p->pending_what, what, sizeof(what));
+        return 1;
+    }
     schedule_retry(p, &d, what);
     return 1;
 }
 
+/* The rest of a small dropped response arrived (or not): retry now. */
+static void
+read_drain(ric_proxy_t *p)
+{
+    size_t from = p->buf_len;
+    ssize_t n;
+
+    n = recv(p->uc->fd, p->buf + p->buf_len, PROXY_BUF_SIZE - p->buf_len, 0);
+    if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return;
+    }
+    if (n > 0) {
+        p->buf_len += (size_t) n;
+        if (scan_body(p, from) == RIC_OK) {
+            if (p->resp_done) {
+                keep_response(p);
+            } else if (p->buf_len < PROXY_BUF_SIZE) {
+                return;
+            }
+        }
+    }
+    schedule_retry(p, &p->pending, p->pending_what);
+}
+
+static void deliver(ric_proxy_t *p);
+
 static void
 got_head(ric_proxy_t *p)
+{
+    if (retry_on_status(p)) {
+        return;
+    }
+    record_attempt(p, "status", p->resp.status);
+    deliver(p);
+}
+
+/* Gives up on the attempts: the response kept from an earlier one goes to
+ * the client as it came. */
+static void
+deliver_kept(ric_proxy_t *p)
+{
+    u_char *b = p->buf;
+
+    if (p->uc != NULL) {
+        ric_upconn_close(p->uc);
+        p->uc = NULL;
+    }
+    p->buf = p->kept;
+    p->kept = b;
+    p->buf_len = p->kept_len;
+    p->resp = p->kept_resp;
+    p->peer = p->kept_peer;
+    p->resp_done = 0;
+    deliver(p);
+}
+
+/* Sends the response head in p->resp and streams its body to the client. */
+static void
+deliver(ric_proxy_t *p)
 {
     ric_conn_t *c = p->c;
     const ric_http_settings_t *s = c->settings;
 
-    if (retry_on_status(p)) {
-        return;
-    }
     event_del(&p->try_timer); /* per_try_timeout runs until the response head */
-    record_attempt(p, "status", p->resp.status);
+    event_del(&p->wait_timer);
     p->entry.upstream = p->peer->conf->addr_text;
     p->state = P_BODY;
     p->reusable = !p->early_answer;
@@ -845,6 +955,7 @@ got_head(ric_proxy_t *p)
         p->state = P_HEAD;
         p->reusable = 0;
         p->entry.nattempts--;
+        p->entry.attempts_total--;
         fail(p, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
         return;
     }
@@ -1019,6 +1130,14 @@ on_upstream_read(ric_upconn_t *uc, short what)
 {
     ric_proxy_t *p = uc->owner;
 
+    if (p->state == P_DRAIN) {
+        if (what & EV_TIMEOUT) {
+            schedule_retry(p, &p->pending, p->pending_what);
+        } else {
+            read_drain(p);
+        }
+        return;
+    }
     if (what & EV_TIMEOUT) {
         if (p->state == P_BODY) {
             abort_client(p, 0, "upstream timed out (proxy_read_timeout)");
@@ -1040,6 +1159,9 @@ on_upstream_read(ric_upconn_t *uc, short what)
         return;
     case P_HEAD:
         read_head(p);
+        return;
+    case P_DRAIN:
+        read_drain(p);
         return;
     case P_BODY:
         read_body(p);
@@ -1220,7 +1342,9 @@ on_try_timeout(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
-    if (p->state == P_CONNECTING) {
+    if (p->state == P_DRAIN) {
+        schedule_retry(p, &p->pending, p->pending_what); /* the rest never came */
+    } else if (p->state == P_CONNECTING) {
         fail(p, RIC_CLASS_CONNECT_ERROR, 0, "upstream timed out (per_try_timeout)");
     } else {
         fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (per_try_timeout)");
@@ -1357,7 +1481,8 @@ retry_setup(ric_proxy_t *p)
 
     p->replay_safe = ric_retry_method_idempotent((int) c->msg.method);
     if (s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
-        if (request_field(c, refs->idempotency_key_header).data != NULL) {
+        v = request_field(c, refs->idempotency_key_header);
+        if (v.data != NULL && v.len > 0) {
             p->replay_safe = 1; /* the route's contract: its upstream honours keys */
         } else if (s->idempotency_key == RIC_IDEMPOTENCY_AUTO && !p->replay_safe) {
             mint_uuid(p->minted_key);

@@ -8,6 +8,8 @@
 # (50), BENCH_THREADS (1), BENCH_WARMUP (s per proxy and size, 1; 0 skips),
 # BENCH_STRACE=1 (after the table, count each proxy worker's system calls per
 # request with `strace -c` during a BENCH_STRACE_DURATION (3) s wrk run),
+# BENCH_PIN=1 (wrk on CPU 0; the upstream and the proxies on CPU 1, so the
+# proxy's CPU cost per request decides; it did not reduce the spread here),
 # RICOCHET_BIN (build/ricochet), BENCH_KEEP=1 (keep the temp dir and its logs).
 # POSIX sh: it runs under dash.
 set -eu
@@ -20,6 +22,7 @@ THREADS=${BENCH_THREADS:-1}
 WARMUP=${BENCH_WARMUP:-1}
 STRACE=${BENCH_STRACE:-0}
 STRACE_DURATION=${BENCH_STRACE_DURATION:-3}
+PIN=${BENCH_PIN:-0}
 PROXIES="nginx haproxy ricochet"
 SIZES="1k 64k"
 
@@ -32,6 +35,11 @@ for tool in wrk nginx haproxy luajit curl awk; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (contrib/deps.sh bench installs it)"
 done
 [ -x "$BIN" ] || die "$BIN is missing: run make first"
+SRV_PIN="" WRK_PIN=""
+if [ "$PIN" = 1 ]; then
+    command -v taskset >/dev/null 2>&1 || die "BENCH_PIN=1 needs taskset (util-linux)"
+    SRV_PIN="taskset -c 1" WRK_PIN="taskset -c 0"
+fi
 
 dir=$(mktemp -d /tmp/ricochet-bench.XXXXXX)
 pids=""
@@ -59,6 +67,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # Four distinct free ports: all bound at once, then released.
+# shellcheck disable=SC2046
 set -- $(luajit -e '
 local socket = require("socket")
 local s = {}
@@ -134,7 +143,7 @@ http {
     }
 }
 CONF
-nginx -p "$dir/upstream" -c "$dir/upstream/nginx.conf" 2> "$dir/upstream.err" &
+$SRV_PIN nginx -p "$dir/upstream" -c "$dir/upstream/nginx.conf" 2> "$dir/upstream.err" &
 pids="$pids $!"
 upid=$!
 
@@ -158,7 +167,7 @@ http {
     }
 }
 CONF
-nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
+$SRV_PIN nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
 pids="$pids $!"
 npid=$!
 
@@ -180,7 +189,7 @@ frontend fe
 backend be
     server up1 127.0.0.1:$uport
 CONF
-haproxy -db -f "$dir/haproxy.cfg" > "$dir/haproxy.err" 2>&1 &
+$SRV_PIN haproxy -db -f "$dir/haproxy.cfg" > "$dir/haproxy.err" 2>&1 &
 pids="$pids $!"
 hpid=$!
 
@@ -194,7 +203,7 @@ http {
     server { listen 127.0.0.1:$rport; location / { proxy_pass http://backend; } }
 }
 CONF
-"$BIN" -p "$dir" -c "$dir/ricochet.conf" 2> "$dir/ricochet.err" &
+$SRV_PIN "$BIN" -p "$dir" -c "$dir/ricochet.conf" 2> "$dir/ricochet.err" &
 pids="$pids $!"
 rpid=$!
 
@@ -255,10 +264,11 @@ check_alive() { # name
 
 # wrk prints "Requests/sec: N", with --latency "99% X{us,ms,s}", and on
 # trouble "Non-2xx or 3xx responses: N" and "Socket errors: connect N, ...".
-# -> "rps p99_ms errors"
+# -> "rps p99_ms errors" in $dir/last (not via $(...): a failure must end the script)
 run_wrk() { # name size seconds
     cmd="wrk -t$THREADS -c$CONNS -d${3}s --latency http://127.0.0.1:$(port_of "$1")/$2"
-    $cmd > "$dir/wrk.out" 2>&1 || die "$cmd failed: $(cat "$dir/wrk.out")"
+    # shellcheck disable=SC2086 # the command and the pinning prefix split on purpose
+    $WRK_PIN $cmd > "$dir/wrk.out" 2>&1 || die "$cmd failed: $(cat "$dir/wrk.out")"
     check_alive "$1" "$cmd"
     awk '
     /Requests\/sec/ { rps = $2 }
@@ -271,19 +281,23 @@ run_wrk() { # name size seconds
     END {
         if (rps == "" || p99 == "") exit 1
         printf "%s %.3f %d\n", rps, p99, err
-    }' "$dir/wrk.out" || die "cannot read wrk output of $cmd: $(cat "$dir/wrk.out")"
+    }' "$dir/wrk.out" > "$dir/last" || die "cannot read wrk output of $cmd: $(cat "$dir/wrk.out")"
 }
 
 echo "upstream: nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, static /1k (1024 B) and /64k (65536 B)"
 echo "proxies: nginx proxy_pass, $(haproxy -v | awk 'NR == 1 {print "HAProxy " $3}'), ricochet $("$BIN" -v 2>&1 | awk 'NR == 1 {print $NF}'); one worker each"
 echo "each run: wrk -t$THREADS -c$CONNS -d${DURATION}s --latency http://127.0.0.1:PORT/{1k,64k}"
-echo "$ROUNDS interleaved rounds ($PROXIES), $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
+if [ "$PIN" = 1 ]; then
+    echo "$ROUNDS interleaved rounds ($PROXIES); wrk pinned to CPU 0, upstream and proxies to CPU 1"
+else
+    echo "$ROUNDS interleaved rounds ($PROXIES), $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
+fi
 echo
 
 if [ "$WARMUP" != 0 ]; then
     for size in $SIZES; do
         for name in $PROXIES; do
-            run_wrk "$name" "$size" "$WARMUP" > /dev/null
+            run_wrk "$name" "$size" "$WARMUP"
         done
     done
 fi
@@ -294,9 +308,10 @@ round=1
 while [ $round -le "$ROUNDS" ]; do
     for size in $SIZES; do
         for name in $PROXIES; do
-            set -- $(run_wrk "$name" "$size" "$DURATION")
-            printf '%-6s %-5s %-9s %12s %10s %7s\n' "$round" "$size" "$name" "$1" "$2" "$3"
-            echo "$size $name $1 $2 $3" >> "$dir/results"
+            run_wrk "$name" "$size" "$DURATION"
+            read -r rps p99 errs < "$dir/last"
+            printf '%-6s %-5s %-9s %12s %10s %7s\n' "$round" "$size" "$name" "$rps" "$p99" "$errs"
+            echo "$size $name $rps $p99 $errs" >> "$dir/results"
         done
     done
     round=$((round + 1))
@@ -326,11 +341,14 @@ END {
 }' "$dir/results"
 
 for name in $PROXIES; do check_alive "$name" "the last run"; done
-if [ -s "$dir/ricochet.err" ]; then
-    echo
-    echo "ricochet's stderr (error level):"
-    cat "$dir/ricochet.err"
-fi
+for name in $PROXIES; do
+    for log in "$dir/$name.err" "$dir/$name/logs/error.log"; do
+        [ -s "$log" ] || continue
+        echo
+        echo "$name logged $(wc -l < "$log") lines at error level (${log#"$dir"/}); the first 5:"
+        head -n 5 "$log"
+    done
+done
 
 # --- optional: system calls per request --------------------------------------
 if [ "$STRACE" = 1 ]; then
@@ -344,21 +362,29 @@ if [ "$STRACE" = 1 ]; then
             spid=$!
             sleep 0.5
             cmd="wrk -t$THREADS -c$CONNS -d${STRACE_DURATION}s --latency http://127.0.0.1:$(port_of "$name")/$size"
-            $cmd > "$dir/wrk.out" 2>&1 || true
+            # shellcheck disable=SC2086
+            $WRK_PIN $cmd > "$dir/wrk.out" 2>&1 || true
             kill -INT "$spid" 2>/dev/null || true
             wait "$spid" || true
             check_alive "$name" "$cmd under strace"
             reqs=$(awk '/requests in/ {print $1}' "$dir/wrk.out")
-            [ -n "$reqs" ] && [ "$reqs" -gt 0 ] || die "no requests in $cmd under strace: $(cat "$dir/wrk.out")"
-            # strace -c: "% time seconds usecs/call calls [errors] syscall"; the last line is "total"
+            [ "${reqs:-0}" -gt 0 ] || die "no requests in $cmd under strace: $(cat "$dir/wrk.out")"
+            # strace -c: "% time seconds usecs/call calls [errors] syscall", then a "total" line
             awk -v name="$name" -v size="$size" -v reqs="$reqs" '
-            $1 ~ /^[0-9.]+$/ && $NF != "total" && NF >= 5 { c[$NF] = $4; order[++m] = $NF }
-            $NF == "total" { total = $3 }
+            $1 ~ /^[0-9.]+$/ && $NF != "total" && NF >= 5 {
+                c[$NF] = $4; e[$NF] = (NF == 6) ? $5 : 0; order[++m] = $NF; total += $4
+            }
             END {
                 line = ""
-                for (i = 1; i <= m; i++) if (c[order[i]] / reqs >= 0.01)
-                    line = line sprintf(" %s %.2f", order[i], c[order[i]] / reqs)
-                printf "%-4s %-9s %8d requests %6.2f calls/request:%s\n", size, name, reqs, total / reqs, line
+                for (i = 1; i <= m; i++) {
+                    k = order[i]
+                    if (c[k] / reqs < 0.01) continue
+                    line = line sprintf(" %s %.2f", k, c[k] / reqs)
+                    if (e[k] / reqs >= 0.01) line = line sprintf(" (%.2f failed)", e[k] / reqs)
+                    line = line ","
+                }
+                sub(/,$/, "", line)
+                printf "%-4s %-9s %7d requests %5.2f calls/request:%s\n", size, name, reqs, total / reqs, line
             }' "$dir/strace.out"
         done
     done
