@@ -77,8 +77,7 @@ struct ric_proxy_s {
     size_t kept_len;
     ric_http_msg_t kept_resp;
     ric_peer_t *kept_peer;
-    ric_retry_decision_t pending; /* the retry waiting for P_DRAIN to end */
-    char pending_what[32];
+    int drain_extended; /* the wait ended; the drain got DRAIN_GRACE_MS more */
 
     /* a body too large to hold for replay streams through: its bytes wait
      * here (framed as chunks when the client sent chunks) until written */
@@ -99,6 +98,9 @@ static void on_upstream_write(ric_upconn_t *uc, short what);
 static void relay(ric_proxy_t *p);
 static void attempt_start(ric_proxy_t *p);
 static void deliver_kept(ric_proxy_t *p);
+static void deliver(ric_proxy_t *p);
+static void write_access_log(ric_proxy_t *p, int status);
+static void proxy_free(ric_proxy_t *p);
 
 /* per_try_timeout, bounded by what is left of the request's deadline. */
 static void
@@ -572,13 +574,14 @@ static void
 schedule_retry(ric_proxy_t *p, const ric_retry_decision_t *d, const char *what)
 {
     struct timeval tv;
+    int draining = p->state == P_DRAIN;
 
     ric_log_error(RIC_LOG_WARN, 0, "retrying after %s: attempt %d%s%lld in %lldms, client: %s, "
                   "upstream: %s", what, p->attempt + 1, p->policy.attempts ? "/" : "",
                   (long long) p->policy.attempts, (long long) d->wait_ms, p->c->peer,
                   p->peer->conf->addr_text);
     event_del(&p->try_timer);
-    if (p->uc != NULL) {
+    if (p->uc != NULL && !draining) {
         ric_upconn_close(p->uc);
         p->uc = NULL;
     }
@@ -855,19 +858,32 @@ retry_on_status(ric_proxy_t *p)
     } else if (rc == RIC_OK && p->resp.body != RIC_BODY_CLOSE
                && (p->resp.body == RIC_BODY_CHUNKED
                    || p->resp.head_len + p->resp.content_length <= PROXY_BUF_SIZE)) {
-        /* small: read the rest before retrying, to keep it */
+        /* small: go on reading it during the wait, to keep it; whatever
+         * has not arrived when the wait ends is dropped with its connection */
         p->state = P_DRAIN;
-        p->pending = d;
-        memcpy(p->pending_what, what, sizeof(what));
-        return 1;
     }
     schedule_retry(p, &d, what);
     return 1;
 }
 
-/* The rest of a small dropped response arrived (or not): retry now. */
+static void read_drain_more(ric_proxy_t *p);
+
+/* More of a response dropped for a retry, read during the wait (and at
+ * most DRAIN_GRACE_MS after it): kept when whole; dropped, with its
+ * connection, when broken or too big. */
 static void
 read_drain(ric_proxy_t *p)
+{
+    read_drain_more(p);
+    if (p->uc == NULL && p->drain_extended) {
+        /* the wait was over and only this read held the retry back */
+        event_del(&p->wait_timer);
+        attempt_start(p);
+    }
+}
+
+static void
+read_drain_more(ric_proxy_t *p)
 {
     size_t from = p->buf_len;
     ssize_t n;
@@ -881,15 +897,20 @@ read_drain(ric_proxy_t *p)
         if (scan_body(p, from) == RIC_OK) {
             if (p->resp_done) {
                 keep_response(p);
-            } else if (p->buf_len < PROXY_BUF_SIZE) {
+                if (p->uc != NULL) {
+                    ric_upconn_close(p->uc);
+                    p->uc = NULL;
+                }
+                return;
+            }
+            if (p->buf_len < PROXY_BUF_SIZE) {
                 return;
             }
         }
     }
-    schedule_retry(p, &p->pending, p->pending_what);
+    ric_upconn_close(p->uc);
+    p->uc = NULL;
 }
-
-static void deliver(ric_proxy_t *p);
 
 static void
 got_head(ric_proxy_t *p)
@@ -1132,7 +1153,12 @@ on_upstream_read(ric_upconn_t *uc, short what)
 
     if (p->state == P_DRAIN) {
         if (what & EV_TIMEOUT) {
-            schedule_retry(p, &p->pending, p->pending_what);
+            ric_upconn_close(p->uc);
+            p->uc = NULL;
+            if (p->drain_extended) {
+                event_del(&p->wait_timer);
+                attempt_start(p);
+            }
         } else {
             read_drain(p);
         }
@@ -1342,21 +1368,37 @@ on_try_timeout(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
-    if (p->state == P_DRAIN) {
-        schedule_retry(p, &p->pending, p->pending_what); /* the rest never came */
-    } else if (p->state == P_CONNECTING) {
+    if (p->state == P_CONNECTING) {
         fail(p, RIC_CLASS_CONNECT_ERROR, 0, "upstream timed out (per_try_timeout)");
     } else {
         fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (per_try_timeout)");
     }
 }
 
+#define DRAIN_GRACE_MS 1000
+
 static void
 on_wait_done(evutil_socket_t fd, short what, void *arg)
 {
+    ric_proxy_t *p = arg;
+    int64_t grace;
+    struct timeval tv;
+
     (void) fd;
     (void) what;
-    attempt_start(arg);
+    if (p->state == P_DRAIN && p->uc != NULL && !p->drain_extended) {
+        /* the dropped response is still arriving: give it a little longer,
+         * never more than half of what is left before the deadline */
+        grace = ric_min((int64_t) DRAIN_GRACE_MS, (p->deadline_ms - ric_now_ms()) / 2);
+        if (grace > 0) {
+            p->drain_extended = 1;
+            tv.tv_sec = (time_t) (grace / 1000);
+            tv.tv_usec = (suseconds_t) (grace % 1000) * 1000;
+            event_add(&p->wait_timer, &tv);
+            return;
+        }
+    }
+    attempt_start(p);
 }
 
 static void
@@ -1366,7 +1408,13 @@ attempt_start(ric_proxy_t *p)
     int64_t now = ric_now_ms();
     int64_t per_try = ric_min(c->settings->per_try_timeout, ric_max(p->deadline_ms - now, 1));
 
+    if (p->uc != NULL) {
+        /* a dropped response still arriving: it missed its chance */
+        ric_upconn_close(p->uc);
+        p->uc = NULL;
+    }
     p->attempt++;
+    p->drain_extended = 0;
     p->reused = 0;
     p->early_answer = 0;
     p->sent = 0;

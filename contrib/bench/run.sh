@@ -26,14 +26,10 @@ PIN=${BENCH_PIN:-0}
 PROXIES="nginx haproxy ricochet"
 SIZES="1k 64k"
 
-die() {
-    echo "bench: $*" >&2
-    exit 1
-}
+# die, need_tools, bench_tmpdir, free_ports, wait_port
+. contrib/bench/lib.sh
 
-for tool in wrk nginx haproxy luajit curl awk; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (contrib/deps.sh bench installs it)"
-done
+need_tools wrk nginx haproxy luajit curl awk
 [ -x "$BIN" ] || die "$BIN is missing: run make first"
 SRV_PIN="" WRK_PIN=""
 if [ "$PIN" = 1 ]; then
@@ -41,43 +37,11 @@ if [ "$PIN" = 1 ]; then
     SRV_PIN="taskset -c 1" WRK_PIN="taskset -c 0"
 fi
 
-dir=$(mktemp -d /tmp/ricochet-bench.XXXXXX)
-pids=""
-cleanup() {
-    trap - EXIT INT TERM
-    for p in $pids; do kill "$p" 2>/dev/null || true; done
-    # give masters their grace, then make sure nothing is left
-    i=0
-    while [ $i -lt 30 ]; do
-        alive=""
-        for p in $pids; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
-        [ -z "$alive" ] && break
-        sleep 0.1
-        i=$((i + 1))
-    done
-    for p in $pids; do kill -9 "$p" 2>/dev/null || true; done
-    if [ "${BENCH_KEEP:-0}" = 1 ]; then
-        echo "bench: logs kept in $dir" >&2
-    else
-        rm -rf "$dir"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_tmpdir
 
 # Four distinct free ports: all bound at once, then released.
 # shellcheck disable=SC2046
-set -- $(luajit -e '
-local socket = require("socket")
-local s = {}
-for i = 1, 4 do
-    s[i] = assert(socket.bind("127.0.0.1", 0))
-    local _, p = s[i]:getsockname()
-    io.write(p, " ")
-end
-for i = 1, 4 do s[i]:close() end
-') || die "cannot pick free ports (luajit with lua-socket is needed)"
+set -- $(free_ports 4) || die "cannot pick free ports (luajit with lua-socket is needed)"
 [ $# -eq 4 ] || die "cannot pick free ports"
 uport=$1 nport=$2 hport=$3 rport=$4
 
@@ -95,19 +59,6 @@ bytes_of() {
     1k) echo 1024 ;;
     64k) echo 65536 ;;
     esac
-}
-
-wait_port() { # name port pid
-    i=0
-    while [ $i -lt 100 ]; do
-        kill -0 "$3" 2>/dev/null || die "$1 exited at start; its log: $(cat "$dir/$1.err" 2>/dev/null)"
-        if luajit -e "local s=require('socket').connect('127.0.0.1',$2); os.exit(s and 0 or 1)" 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.05
-        i=$((i + 1))
-    done
-    die "$1 did not open 127.0.0.1:$2; its log: $(cat "$dir/$1.err" 2>/dev/null)"
 }
 
 # --- the upstream: nginx, one worker, two fixed-size static files ------------

@@ -1035,6 +1035,11 @@ function Gateway:stop(grace)
     self.log_cache = self:log()
     self.stopped = true
     if not (self.keep_prefix or os.getenv("RICOCHET_KEEP_TMP")) then rm_rf(self.prefix) end
+    -- under `make asan` a sanitizer report in any process of the gateway fails the spec
+    local report = self.log_cache:match("[^\n]*Sanitizer[^\n]*") or self.log_cache:match("[^\n]*runtime error:[^\n]*")
+    if report then
+        error("the gateway reported a sanitizer error: " .. report .. "\n" .. self.log_cache:sub(1, 4000), 2)
+    end
     return self.exit_code
 end
 

@@ -739,6 +739,42 @@ describe("retries through one upstream", function()
         assert.equal("first-503", resp.body)
     end)
 
+    it("keeps a chunked 503 that arrives in pieces and passes it on when the retry gets no response", function()
+        up:program({ sequence = { { status = 503, body_size = 6000, chunked = true, chunk_size = 1000,
+            chunk_delay_ms = 30, headers = { ["X-Mark"] = "kept" } }, { reset = "before_head" } }, default = 200 })
+        local resp, err = H.request(gw.port, { path = "/lastresp/chunked", timeout = 6 })
+        assert.truthy(resp, ctx(gw, err))
+        assert.equal(2, up:stats().hits)
+        assert.equal(503, resp.status)
+        assert.equal("kept", resp.headers["x-mark"])
+        assert.is_true(resp.body == H.body_of_size(6000), "kept body differs (" .. #resp.body .. " bytes)")
+        -- the client connection is still good
+        up:reset()
+        up:program({ default = { status = 200, body = "next" } })
+        local r2, e2 = H.request(gw.port, { path = "/lastresp/next" })
+        assert.truthy(r2, ctx(gw, e2))
+        assert.equal("next", r2.body)
+    end)
+
+    -- A 503 whose body stalls half-way: the gateway may read it to keep it, but never past the deadline.
+    it("does not wait past the deadline while reading a retried response's stalled body", function()
+        up:program({ sequence = { { status = 503, body_size = 20000, chunk_size = 10000, chunk_delay_ms = 8000 } },
+            default = { status = 200, body = "late" } })
+        local t0 = now()
+        local resp, err = H.request(gw.port, { path = "/slow/stall", headers = { ["X-Request-Timeout"] = "2500" },
+            timeout = 12 })
+        local elapsed = now() - t0
+        assert.truthy(resp, ctx(gw, err))
+        local hits = up:hits()
+        -- the 2 s backoff fits the 2.5 s deadline once; a retry sent later than the deadline is a broken promise
+        assert.is_true(elapsed < 3.5, ("answered after %.3f s with a 2.5 s deadline (status %d, %d attempts)")
+            :format(elapsed, resp.status, #hits))
+        if hits[2] then
+            assert.is_true(hits[2].time - hits[1].time < 2.5, "attempt 2 was sent after the deadline")
+            assert.is_true(tonumber(hv(hits[2], "X-Request-Timeout")) > 0, "attempt 2 had no time left")
+        end
+    end)
+
     it("keeps concurrent retried requests apart", function()
         local n = 8
         local routes = {}

@@ -1,0 +1,86 @@
+# lib.sh: helpers shared by contrib/bench/run.sh and contrib/bench/faults.sh.
+# Sourced, not run; POSIX sh. Uses and sets the callers' globals: `dir` (the
+# temp dir) and `pids` (every process to end at exit).
+
+die() {
+    echo "bench: $*" >&2
+    exit 1
+}
+
+need_tools() { # tool...
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (contrib/deps.sh bench installs it)"
+    done
+}
+
+# Ends the processes in $pids: TERM, up to 3 s of grace, then KILL.
+stop_pids() { # pid...
+    for p in "$@"; do kill "$p" 2>/dev/null || true; done
+    # give masters their grace, then make sure nothing is left
+    i=0
+    while [ $i -lt 30 ]; do
+        alive=""
+        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+        [ -z "$alive" ] && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    for p in "$@"; do kill -9 "$p" 2>/dev/null || true; done
+}
+
+# Ends one process started earlier and forgets it.
+stop_one() { # pid
+    stop_pids "$1"
+    wait "$1" 2>/dev/null || true
+    rest=""
+    for p in $pids; do [ "$p" = "$1" ] || rest="$rest $p"; done
+    pids=$rest
+}
+
+# Makes the temp dir (in $dir) and arranges for it and every process in
+# $pids to go at exit, also on ^C and TERM.
+bench_tmpdir() {
+    dir=$(mktemp -d /tmp/ricochet-bench.XXXXXX)
+    pids=""
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+bench_cleanup() {
+    trap - EXIT INT TERM
+    # shellcheck disable=SC2086 # one pid per word
+    stop_pids $pids
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then
+        echo "bench: logs kept in $dir" >&2
+    else
+        rm -rf "$dir"
+    fi
+}
+
+# Prints N distinct free ports on 127.0.0.1: all bound at once, then released.
+free_ports() { # n
+    luajit -e '
+local socket = require("socket")
+local s = {}
+for i = 1, '"$1"' do
+    s[i] = assert(socket.bind("127.0.0.1", 0))
+    local _, p = s[i]:getsockname()
+    io.write(p, " ")
+end
+for i = 1, '"$1"' do s[i]:close() end
+'
+}
+
+wait_port() { # name port pid
+    i=0
+    while [ $i -lt 100 ]; do
+        kill -0 "$3" 2>/dev/null || die "$1 exited at start; its log: $(cat "$dir/$1.err" 2>/dev/null)"
+        if luajit -e "local s=require('socket').connect('127.0.0.1',$2); os.exit(s and 0 or 1)" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.05
+        i=$((i + 1))
+    done
+    die "$1 did not open 127.0.0.1:$2; its log: $(cat "$dir/$1.err" 2>/dev/null)"
+}
