@@ -640,7 +640,7 @@ fail(ric_proxy_t *p, unsigned class, int err, const char *what)
 /* The upstream broke after the response head went out: the client's
  * response is cut short, so its connection closes. */
 static void
-abort_client(ric_proxy_t *p, int err, const char *what)
+abort_client(ric_proxy_t *p, int err, const char *what, int client_gone)
 {
     ric_conn_t *c = p->c;
     ric_retry_input_t in = retry_input(p, RIC_CLASS_RESET, 0);
@@ -649,8 +649,10 @@ abort_client(ric_proxy_t *p, int err, const char *what)
     in.response_started = 1;
     ric_assert(!ric_retry_decide(&p->policy, &in, NULL, ric_backoff_rand, NULL).retry);
 
-    ric_log_error(RIC_LOG_ERR, err, "%s while reading the response body from upstream, "
-                  "client: %s, upstream: %s", what, c->peer, p->peer->conf->addr_text);
+    /* a client that went away is the client's business, not an error */
+    ric_log_error(client_gone ? RIC_LOG_INFO : RIC_LOG_ERR, err,
+                  "%s while sending the response, client: %s, upstream: %s", what, c->peer,
+                  p->peer->conf->addr_text);
     write_access_log(p, p->resp.status);
     proxy_free(p);
     ric_conn_close(c);
@@ -1080,7 +1082,7 @@ relay(ric_proxy_t *p)
                 event_add(c->wev, &tv);
                 return;
             }
-            abort_client(p, errno, "writev() to the client failed");
+            abort_client(p, errno, "writev() to the client failed", 1);
             return;
         }
         p->entry.bytes += (uint64_t) n;
@@ -1126,19 +1128,19 @@ read_body(ric_proxy_t *p)
             relay(p);
             return;
         }
-        abort_client(p, 0, "upstream closed the connection before the end of the body");
+        abort_client(p, 0, "upstream closed the connection before the end of the body", 0);
         return;
     }
     if (n == -1) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
             return;
         }
-        abort_client(p, errno, "recv() failed");
+        abort_client(p, errno, "recv() failed", 0);
         return;
     }
     p->buf_len += (size_t) n;
     if (scan_body(p, from) != RIC_OK) {
-        abort_client(p, 0, "upstream sent an invalid chunked body");
+        abort_client(p, 0, "upstream sent an invalid chunked body", 0);
         return;
     }
     relay(p);
@@ -1166,7 +1168,7 @@ on_upstream_read(ric_upconn_t *uc, short what)
     }
     if (what & EV_TIMEOUT) {
         if (p->state == P_BODY) {
-            abort_client(p, 0, "upstream timed out (proxy_read_timeout)");
+            abort_client(p, 0, "upstream timed out (proxy_read_timeout)", 0);
         } else {
             fail(p, RIC_CLASS_TIMEOUT, 0, "upstream timed out (proxy_read_timeout)");
         }
@@ -1494,6 +1496,20 @@ request_field(const ric_conn_t *c, const char *name)
     }
 }
 
+/* How many fields named name the request has. */
+static int
+count_fields(const ric_conn_t *c, const char *name)
+{
+    ric_str_t want = { (const u_char *) name, strlen(name) };
+    unsigned i;
+    int n = 0;
+
+    for (i = 0; i < c->msg.nfields; i++) {
+        n += span_eq_nocase(field_name(c->in, &c->msg, i), want);
+    }
+    return n;
+}
+
 /* Sets up the retry policy, the deadline and what makes this request safe
  * to repeat (DESIGN §1.1, §1.2, §4). */
 static void
@@ -1530,7 +1546,7 @@ retry_setup(ric_proxy_t *p)
     p->replay_safe = ric_retry_method_idempotent((int) c->msg.method);
     if (s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
         v = request_field(c, refs->idempotency_key_header);
-        if (v.data != NULL && v.len > 0) {
+        if (v.data != NULL && v.len > 0 && count_fields(c, refs->idempotency_key_header) == 1) {
             p->replay_safe = 1; /* the route's contract: its upstream honours keys */
         } else if (s->idempotency_key == RIC_IDEMPOTENCY_AUTO && !p->replay_safe) {
             mint_uuid(p->minted_key);
