@@ -25,7 +25,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all run test asan fuzz bench install clean help deps deps-test
+.PHONY: all run test asan fuzz bench bench-faults install clean help deps deps-test
 .DEFAULT_GOAL := all
 
 all: deps $(BUILD)/ricochet
@@ -37,7 +37,9 @@ help:
 	@echo "make test       build and run every test suite; ends with 'N passed, N failed'"
 	@echo "make asan       the whole suite under AddressSanitizer and UBSan"
 	@echo "make fuzz       run the libFuzzer targets for FUZZ_SECONDS (default 60) each"
-	@echo "make bench      wrk against ricochet, nginx and HAProxy (contrib/bench)"
+	@echo "make bench      wrk against ricochet, nginx and HAProxy (contrib/bench): throughput,"
+	@echo "                then retries under injected upstream faults"
+	@echo "make bench-faults  only the fault scenarios (contrib/bench/faults.sh)"
 	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
 	@echo "make clean      remove build outputs"
 
@@ -97,6 +99,11 @@ fuzz: $(BUILD)/default_conf.c
 bench: $(BUILD)/ricochet
 	@sh contrib/deps.sh bench
 	sh contrib/bench/run.sh
+	sh contrib/bench/faults.sh
+
+bench-faults: $(BUILD)/ricochet
+	@sh contrib/deps.sh bench
+	sh contrib/bench/faults.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/etc/ricochet
@@ -104,7 +111,8 @@ install: all
 	install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf.default
 	test -e $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf || \
 	    install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf
-	install -m 644 conf/REFERENCE.md $(DESTDIR)$(PREFIX)/etc/ricochet/REFERENCE.md
+	install -d $(DESTDIR)$(PREFIX)/share/doc/ricochet
+	install -m 644 README.md conf/REFERENCE.md $(DESTDIR)$(PREFIX)/share/doc/ricochet/
 
 clean:
 	rm -rf build

@@ -40,8 +40,11 @@ bad_value(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, const char *what)
                            cmd->name, what);
 }
 
+/* The shape of set_msec, set_size and set_num: a duplicate check, a value
+ * parser, and the hint shown when the value is bad. */
 static const char *
-set_msec(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+set_int64(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf,
+          int (*parse)(const char *, int64_t *), const char *hint)
 {
     int64_t v;
     const char *dup = check_unset(cf, cmd, conf);
@@ -49,43 +52,30 @@ set_msec(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     if (dup) {
         return dup;
     }
-    if (ric_conf_parse_time(cf->args[1], &v) != RIC_OK) {
-        return bad_value(cf, cmd, "expected a time like 500ms, 30s, 1m30s, 2h");
+    if (parse(cf->args[1], &v) != RIC_OK) {
+        return bad_value(cf, cmd, hint);
     }
     *field_at(conf, cmd) = v;
     return NULL;
+}
+
+static const char *
+set_msec(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    return set_int64(cf, cmd, conf, ric_conf_parse_time,
+                     "expected a time like 500ms, 30s, 1m30s, 2h");
 }
 
 static const char *
 set_size(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    int64_t v;
-    const char *dup = check_unset(cf, cmd, conf);
-
-    if (dup) {
-        return dup;
-    }
-    if (ric_conf_parse_size(cf->args[1], &v) != RIC_OK) {
-        return bad_value(cf, cmd, "expected a size like 512, 64k, 1m, 1g");
-    }
-    *field_at(conf, cmd) = v;
-    return NULL;
+    return set_int64(cf, cmd, conf, ric_conf_parse_size, "expected a size like 512, 64k, 1m, 1g");
 }
 
 static const char *
 set_num(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    int64_t v;
-    const char *dup = check_unset(cf, cmd, conf);
-
-    if (dup) {
-        return dup;
-    }
-    if (ric_conf_parse_number(cf->args[1], &v) != RIC_OK) {
-        return bad_value(cf, cmd, "expected a non-negative integer");
-    }
-    *field_at(conf, cmd) = v;
-    return NULL;
+    return set_int64(cf, cmd, conf, ric_conf_parse_number, "expected a non-negative integer");
 }
 
 static const char *

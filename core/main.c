@@ -71,6 +71,16 @@ print_versions(void)
 
 int ric_conf_print_directives(FILE *out);
 
+/* RICOCHET_NO_RETRY=1 turns every retry off, whatever the config says. */
+static int
+apply_kill_switch(void)
+{
+    const char *v = getenv("RICOCHET_NO_RETRY");
+
+    ric_retry_killed = v != NULL && strcmp(v, "1") == 0;
+    return ric_retry_killed;
+}
+
 /* `ricochet plan [-c FILE] [-p PREFIX] [LOCATION]` */
 static int
 plan(int argc, char **argv)
@@ -80,9 +90,7 @@ plan(int argc, char **argv)
     ric_conf_t *conf;
     int opt, n;
 
-    if (getenv("RICOCHET_NO_RETRY") != NULL && strcmp(getenv("RICOCHET_NO_RETRY"), "1") == 0) {
-        ric_retry_killed = 1;
-    }
+    apply_kill_switch();
     while ((opt = getopt(argc, argv, "c:p:h")) != -1) {
         switch (opt) {
         case 'c':
@@ -187,8 +195,7 @@ main(int argc, char **argv)
         return 1;
     }
     ric_log_use(&log);
-    if (getenv("RICOCHET_NO_RETRY") != NULL && strcmp(getenv("RICOCHET_NO_RETRY"), "1") == 0) {
-        ric_retry_killed = 1;
+    if (apply_kill_switch()) {
         ric_log_error(RIC_LOG_NOTICE, 0, "RICOCHET_NO_RETRY=1: every retry is off");
     }
     if (ric_access_log_open(conf, err, sizeof(err)) != RIC_OK) {

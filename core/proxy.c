@@ -1197,6 +1197,23 @@ on_upstream_read(ric_upconn_t *uc, short what)
     }
 }
 
+/* A write to the upstream returned -1: RIC_OK to write again (EINTR),
+ * RIC_AGAIN when waiting for the socket, RIC_ERROR after failing the attempt. */
+static int
+write_failed(ric_proxy_t *p, const char *what)
+{
+    if (errno == EINTR) {
+        return RIC_OK;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        p->send_blocked = 1;
+        ric_upconn_want_write(p->uc, p->c->settings->proxy_send_timeout);
+        return RIC_AGAIN;
+    }
+    fail(p, RIC_CLASS_RESET, errno, what);
+    return RIC_ERROR;
+}
+
 static void
 send_request(ric_proxy_t *p)
 {
@@ -1229,15 +1246,9 @@ send_request(ric_proxy_t *p)
             n = sendfile(uc->fd, b->fd, &off, (size_t) ric_min(total - at, (uint64_t) 1 << 20));
         }
         if (n == -1) {
-            if (errno == EINTR) {
+            if (write_failed(p, "sending the request failed") == RIC_OK) {
                 continue;
             }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                p->send_blocked = 1;
-                ric_upconn_want_write(uc, c->settings->proxy_send_timeout);
-                return;
-            }
-            fail(p, RIC_CLASS_RESET, errno, "sending the request failed");
             return;
         }
         p->sent += (uint64_t) n;
@@ -1248,15 +1259,9 @@ send_request(ric_proxy_t *p)
             n = send(uc->fd, p->stage + p->stage_sent, p->stage_len - p->stage_sent,
                      MSG_NOSIGNAL);
             if (n == -1) {
-                if (errno == EINTR) {
+                if (write_failed(p, "sending the request body failed") == RIC_OK) {
                     continue;
                 }
-                if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                    p->send_blocked = 1;
-                    ric_upconn_want_write(uc, c->settings->proxy_send_timeout);
-                    return;
-                }
-                fail(p, RIC_CLASS_RESET, errno, "sending the request body failed");
                 return;
             }
             p->stage_sent += (size_t) n;

@@ -68,6 +68,16 @@ end
 H.shell_quote = shell_quote
 
 -- Deterministic body the fault upstream produces for body_size = n.
+-- Deterministic pseudo-random printable bytes, unlike the upstream's own pattern (so an echo can't fake a match).
+function H.text_body(n, seed)
+    local out, x = {}, seed or 12345
+    for i = 1, n do
+        x = (x * 1103515245 + 12345) % 2147483648
+        out[i] = string.char(33 + (x % 94))
+    end
+    return table.concat(out)
+end
+
 function H.body_of_size(n)
     if n <= 0 then return "" end
     return BODY_PATTERN:rep(math.floor(n / #BODY_PATTERN) + 1):sub(1, n)

@@ -14,15 +14,7 @@ local function to_hex(s)
     return (s:gsub(".", function(ch) return ("%02x"):format(ch:byte()) end))
 end
 
--- Deterministic pseudo-random printable bytes (not the upstream's pattern, so an echo can't fake a match).
-local function text_body(n, seed)
-    local out, x = {}, seed or 12345
-    for i = 1, n do
-        x = (x * 1103515245 + 12345) % 2147483648
-        out[i] = string.char(33 + (x % 94))
-    end
-    return table.concat(out)
-end
+local text_body = H.text_body
 
 local function all_bytes(reps)
     local t = {}

@@ -37,15 +37,7 @@ local function attempt_numbers(hits)
     return out
 end
 
--- Deterministic printable bytes, unlike the upstream's own pattern.
-local function text_body(n, seed)
-    local out, x = {}, seed or 4242
-    for i = 1, n do
-        x = (x * 1103515245 + 12345) % 2147483648
-        out[i] = string.char(33 + (x % 94))
-    end
-    return table.concat(out)
-end
+local function text_body(n, seed) return H.text_body(n, seed or 4242) end
 
 -- The body a hit carried (bodies that are not UTF-8 come as hex).
 local function hit_body(hit)
