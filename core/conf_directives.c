@@ -830,7 +830,7 @@ set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     size_t len = strlen(a);
     char *end;
     double ratio;
-    int64_t min = 0;
+    int64_t min = 10; /* min= left out keeps the default floor */
 
     if (s->retry_budget_permille != RIC_CONF_UNSET) {
         return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);

@@ -17,7 +17,7 @@
 # FAULTS_SCENARIOS ("baseline random brownout outage"), FAULTS_PROXIES
 # ("nginx haproxy ricochet ricochet-short ricochet-budget"),
 # FAULTS_SHORT_BACKOFF (the retry_backoff of ricochet-short, "10ms 100ms"),
-# FAULTS_BUDGET (the retry_budget of ricochet-budget, "50%"), RICOCHET_BIN
+# FAULTS_BUDGET (the retry_budget of ricochet-budget, "50% min=10/s"), RICOCHET_BIN
 # (build/ricochet), BENCH_KEEP=1 (keep the temp dir: configs, logs, wrk output).
 # POSIX sh: it runs under dash.
 set -eu
@@ -35,7 +35,7 @@ BROWNOUT=${FAULTS_BROWNOUT:-1.25 2.75}
 SCENARIOS=${FAULTS_SCENARIOS:-baseline random brownout outage}
 PROXIES=${FAULTS_PROXIES:-nginx haproxy ricochet ricochet-short ricochet-budget}
 SHORT_BACKOFF=${FAULTS_SHORT_BACKOFF:-10ms 100ms}
-BUDGET=${FAULTS_BUDGET:-50%}
+BUDGET=${FAULTS_BUDGET:-50% min=10/s}
 ATTEMPTS=4 # every proxy: 4 attempts in total = 3 retries
 
 need_tools wrk nginx haproxy luajit curl awk pgrep
@@ -272,7 +272,7 @@ echo "  haproxy: retries $((ATTEMPTS - 1)); retry-on 503 conn-failure empty-resp
 echo "  ricochet: retry_attempts $ATTEMPTS; the rest default (retry_backoff 250ms 5s 2 jitter=full, retry_timeout 30s, retry_budget 20% min=10/s)"
 echo "  ricochet-short: the same with retry_backoff $SHORT_BACKOFF; ricochet-budget: the same with retry_budget $BUDGET"
 echo "scenarios: baseline (no faults), random ($RATE of upstream answers 503), brownout (all 503 from ${brown_from}s to ${brown_to}s), outage (all 503)"
-echo "each run: fresh proxy; $(echo "wrk -t$THREADS -c$CONNS -d${DURATION}s --timeout 30s --latency"); $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
+echo "each run: fresh proxy; wrk -t$THREADS -c$CONNS -d${DURATION}s --timeout 30s --latency; $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
 echo
 echo "success = 2xx / (responses + socket errors); attempts/req = upstream hits / responses; upstream/s = hits / ${DURATION}s;"
 echo "conns = upstream connections the proxy opened"
