@@ -294,6 +294,7 @@ ric_upconn_t *
 ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p)
 {
     ric_upconn_t *c, *next;
+    int64_t now = ric_now_ms();
     char byte;
     ssize_t n;
 
@@ -303,6 +304,17 @@ ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p)
             continue;
         }
         idle_unlink(c);
+        if (c->rev.ev_evcallback.evcb_flags & (EVLIST_ACTIVE | EVLIST_ACTIVE_LATER)) {
+            /* readable in this very loop turn: closed, or garbage */
+            ric_upconn_close(c);
+            continue;
+        }
+        if (now - c->idle_since_ms < RIC_POOL_PEEK_AFTER_MS) {
+            /* servers close idle connections after seconds, not at once
+             * (and say so when they close after a response); a connection
+             * put back this recently needs no system call to trust */
+            return c;
+        }
         /* the close may have arrived after the loop last looked */
         n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -340,5 +352,6 @@ ric_upstream_pool_put(ric_upconn_t *c)
     }
     u->idle = c;
     u->nidle++;
+    c->idle_since_ms = ric_now_ms();
     ric_upconn_read_timeout(c, u->conf->keepalive_timeout);
 }

@@ -21,6 +21,10 @@ typedef struct {
     int64_t down_until;     /* ms; 0: up */
 } ric_peer_t;
 
+/* A pooled connection idle for longer than this is checked with a
+ * MSG_PEEK before it carries a request. */
+#define RIC_POOL_PEEK_AFTER_MS 1000
+
 typedef void (*ric_upconn_handler_pt)(ric_upconn_t *uc, short what);
 
 /* A connection to an upstream server. Its read event stays registered for
@@ -36,6 +40,7 @@ struct ric_upconn_s {
     ric_upconn_handler_pt on_read;  /* owner's handlers */
     ric_upconn_handler_pt on_write;
     int64_t requests; /* carried so far */
+    int64_t idle_since_ms;
     ric_upconn_t *prev, *next; /* pool list while idle */
 };
 
