@@ -25,6 +25,8 @@
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void conn_run(ric_conn_t *c);
+static void conn_steps(ric_conn_t *c);
+static void conn_free(ric_conn_t *c);
 static void start_streaming(ric_conn_t *c);
 
 static int64_t
@@ -105,7 +107,11 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
 void
 ric_conn_close(ric_conn_t *c)
 {
+    if (c->closed) {
+        return;
+    }
     ric_log_debug("closing connection from %s", c->peer);
+    c->closed = 1;
     if (c->proxy != NULL) {
         ric_proxy_abort(c->proxy);
     }
@@ -114,9 +120,10 @@ ric_conn_close(ric_conn_t *c)
     event_free(c->wev);
     close(c->fd);
     ric_worker_conn_closed(c->worker, c);
-    free(c->in);
-    free(c->out);
-    free(c);
+    if (c->running == 0) {
+        conn_free(c);
+    }
+    /* else the outermost conn_run on the stack frees it on its way out */
 }
 
 
@@ -630,12 +637,37 @@ request_finish(ric_conn_t *c)
 }
 
 static void
+conn_free(ric_conn_t *c)
+{
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+/* Runs the connection's state machine as far as it goes. Calls may nest
+ * (an exchange that ends at once answers from inside the step that began
+ * it), so a close inside only marks the connection, and the outermost run
+ * frees it. */
+static void
 conn_run(ric_conn_t *c)
+{
+    c->running++;
+    conn_steps(c);
+    if (--c->running == 0 && c->closed) {
+        conn_free(c);
+    }
+}
+
+static void
+conn_steps(ric_conn_t *c)
 {
     int rc;
     struct timeval tv;
 
     for (;;) {
+        if (c->closed) {
+            return;
+        }
         switch (c->state) {
         case RIC_CONN_HEAD:
             if (c->in_len == 0) {

@@ -64,6 +64,8 @@ struct ric_conn_s {
     int status;      /* of the current response, for logs */
 
     int linger;          /* after an error: drain the client before closing */
+    int running;         /* conn_run calls on the stack */
+    int closed;          /* closed; freed when running drops to 0 */
     int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
 
     ric_conn_t *prev, *next; /* worker's list */

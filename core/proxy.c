@@ -682,8 +682,8 @@ ric_proxy_responding(const ric_proxy_t *p)
 void
 ric_proxy_abort(ric_proxy_t *p)
 {
-    if (p->state >= P_HEAD && p->resp.head_len > 0) {
-        write_access_log(p, p->resp.status);
+    if (p->state == P_BODY) {
+        write_access_log(p, p->resp.status); /* cut short, as the log's bytes show */
     } else {
         record_attempt(p, "client_closed", 0);
         write_access_log(p, 499);
@@ -1292,13 +1292,14 @@ stage_put(ric_proxy_t *p, const void *data, size_t n)
     p->stage_len += n;
 }
 
-/* Sends what is staged when the upstream can take it now. */
+/* Sends what is staged when the upstream can take it: from the loop (as a
+ * write event), never from inside the client's read that staged it. */
 static void
 stage_kick(ric_proxy_t *p)
 {
-    if (p->state == P_SENDING && !p->send_blocked && p->sent >= p->req_len
-                                                                 + ric_body_size(&p->c->body)) {
-        send_request(p);
+    if (p->state == P_SENDING && !p->send_blocked
+        && p->sent >= p->req_len + ric_body_size(&p->c->body)) {
+        event_active(&p->uc->wev, EV_WRITE, 1);
     }
 }
 
@@ -1320,7 +1321,7 @@ ric_proxy_body_data(ric_proxy_t *p, const u_char *data, size_t n)
         stage_put(p, "\r\n", 2);
     }
     stage_kick(p);
-    return p->c->proxy == p && p->stage_len - p->stage_sent > STAGE_HIGH_WATER;
+    return p->stage_len - p->stage_sent > STAGE_HIGH_WATER;
 }
 
 void
@@ -1585,5 +1586,8 @@ ric_proxy_start(ric_conn_t *c)
     evtimer_assign(&p->try_timer, w->base, on_try_timeout, p);
     evtimer_assign(&p->wait_timer, w->base, on_wait_done, p);
     retry_setup(p);
-    attempt_start(p);
+    /* the first attempt starts from the loop, not from inside the client's
+     * read: an exchange that ends at once must not answer, and move the
+     * connection on, underneath the caller */
+    event_active(&p->wait_timer, EV_TIMEOUT, 1);
 }
