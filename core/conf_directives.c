@@ -811,10 +811,36 @@ set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return NULL;
 }
 
+/* A time that must be above 0: a zero timeout would end every attempt
+ * before it began. */
+static const char *
+set_msec_positive(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *reason = set_msec(cf, cmd, conf);
+
+    if (reason == NULL && *field_at(conf, cmd) == 0) {
+        *field_at(conf, cmd) = RIC_CONF_UNSET;
+        return bad_value(cf, cmd, "it must be above 0");
+    }
+    return reason;
+}
+
+static const char *
+set_retry_attempts(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *reason = set_num(cf, cmd, conf);
+
+    if (reason == NULL && *field_at(conf, cmd) > 10000) {
+        *field_at(conf, cmd) = RIC_CONF_UNSET;
+        return bad_value(cf, cmd, "expected 0 (no limit but retry_timeout) to 10000");
+    }
+    return reason;
+}
+
 static const char *
 set_per_try_timeout(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    const char *reason = set_msec(cf, cmd, conf);
+    const char *reason = set_msec_positive(cf, cmd, conf);
 
     if (reason == NULL) {
         ((ric_http_settings_t *) conf)->per_try_timeout_set = !cf->applying_defaults;
@@ -1009,24 +1035,24 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "http://UPSTREAM | http://HOST:PORT: where the location's requests go" },
     { "proxy_set_header", SETTINGS_CTX, RIC_CONF_TAKE2, set_proxy_set_header,
       RIC_CONF_NO_OFFSET, NULL, "NAME VALUE: a header sent upstream; an empty value drops it" },
-    { "proxy_connect_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+    { "proxy_connect_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_connect_timeout), "5s", "time to establish an upstream connection" },
-    { "proxy_send_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+    { "proxy_send_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_send_timeout), "60s",
       "longest pause between two writes of the request to the upstream" },
-    { "proxy_read_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec,
+    { "proxy_read_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_read_timeout), "60s",
       "longest pause between two reads of the upstream's response" },
     { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_access_log,
       REFS(access_log), "off", "FILE | stdout | stderr | off: one JSON line per request" },
     { "retries", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag, SETTINGS(retries), "on",
       "the kill switch: off makes every request a single attempt" },
-    { "retry_attempts", SETTINGS_CTX, RIC_CONF_TAKE1, set_num, SETTINGS(retry_attempts), "5",
+    { "retry_attempts", SETTINGS_CTX, RIC_CONF_TAKE1, set_retry_attempts, SETTINGS(retry_attempts), "5",
       "attempts in total, the first included; 0: bounded by retry_timeout only" },
     { "retry_backoff", SETTINGS_CTX, RIC_CONF_TAKE2 | RIC_CONF_TAKE3 | RIC_CONF_TAKE4,
       set_retry_backoff, SETTINGS(retry_backoff_initial), "250ms 5s 2 jitter=full",
       "INITIAL MAX [FACTOR] [jitter=full|equal|none]: the wait before each retry" },
-    { "retry_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(retry_timeout), "30s",
+    { "retry_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive, SETTINGS(retry_timeout), "30s",
       "the whole request's deadline: every attempt and every wait" },
     { "per_try_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_per_try_timeout,
       SETTINGS(per_try_timeout),

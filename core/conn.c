@@ -217,6 +217,15 @@ respond_close(ric_conn_t *c, int status)
     log_local_answer(c);
 }
 
+/* Keeps reading c with no timer: event_add with no time leaves an earlier
+ * timer in place, so it is removed on its own. */
+static void
+read_without_timeout(ric_conn_t *c)
+{
+    event_add(c->rev, NULL);
+    event_remove_timer(c->rev);
+}
+
 static void
 arm_read(ric_conn_t *c, int64_t deadline)
 {
@@ -288,8 +297,9 @@ handle(ric_conn_t *c)
 {
     if (proxied(c)) {
         /* until the answer is out, nothing more is read from the client
-         * but an end of stream, which aborts the exchange */
-        event_add(c->rev, NULL);
+         * but an end of stream, which aborts the exchange; the client's
+         * own timeouts stop (event_add with no time keeps an old timer) */
+        read_without_timeout(c);
         ric_proxy_start(c);
         return;
     }
@@ -531,7 +541,7 @@ stream_body(ric_conn_t *c)
     switch (rc) {
     case RIC_DONE:
         c->body_done = 1;
-        event_add(c->rev, NULL);
+        read_without_timeout(c);
         if (c->proxy != NULL) {
             ric_proxy_body_done(c->proxy);
         }
@@ -752,6 +762,11 @@ ric_conn_shutdown(ric_conn_t *c)
     ssize_t n;
 
     c->close_after = 1;
+    if (c->proxy != NULL) {
+        /* leave room to write the answer before worker_shutdown_timeout */
+        ric_proxy_shutdown(c->proxy, now_ms() + c->worker->conf->worker_shutdown_timeout * 9 / 10);
+        return;
+    }
     if (c->state != RIC_CONN_HEAD || c->in_len > 0) {
         return; /* in flight: closes once answered */
     }

@@ -4,12 +4,13 @@
 #include "retry.h"
 
 #define PLAN_UNBOUNDED_SHOWN 10 /* retries listed when retry_attempts is 0 */
+#define PLAN_LISTED 20          /* longer schedules list this many, then the last */
 
 static const char *
 fmt_ms(int64_t ms, char *buf, size_t size)
 {
-    if (ms % 1000 == 0 && ms >= 1000) {
-        snprintf(buf, size, "%llds", (long long) (ms / 1000));
+    if ((ms % 1000 == 0 && ms >= 1000) || ms >= 100000) {
+        snprintf(buf, size, "%llds", (long long) ((ms + 500) / 1000));
     } else if (ms >= 1000) {
         snprintf(buf, size, "%.3gs", (double) ms / 1000.0);
     } else {
@@ -40,7 +41,8 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
     fprintf(out, " -> upstream %s (%s:%d)\n", l->upstream->name, l->file, l->line);
 
     if (st->retries != 1 || ric_retry_killed) {
-        fprintf(out, "  retries off: every request is one attempt of at most %s\n\n",
+        fprintf(out, "  retries off%s: every request is one attempt of at most %s\n\n",
+                ric_retry_killed ? " (RICOCHET_NO_RETRY=1 in the environment)" : "",
                 fmt_ms(per_try, a, sizeof(a)));
         return;
     }
@@ -58,6 +60,16 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
          * once and every wait was the shortest */
         earliest += lo;
         latest += hi;
+        if (earliest >= timeout) {
+            never++;
+        }
+        if (n > PLAN_LISTED && n < shown) {
+            if (n == PLAN_LISTED + 1) {
+                fprintf(out, "  ... %d more retries ...\n", shown - PLAN_LISTED - 1);
+            }
+            latest += per_try;
+            continue;
+        }
         if (b.jitter == RIC_JITTER_NONE) {
             fprintf(out, "  retry %d (attempt %d): wait %s", n, n + 1, fmt_ms(lo, a, sizeof(a)));
         } else {
@@ -69,7 +81,6 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
         if (earliest >= timeout) {
             fprintf(out, "  -- can never happen: retry_timeout %s has passed\n",
                     fmt_ms(timeout, a, sizeof(a)));
-            never++;
         } else if (latest >= timeout) {
             fprintf(out, "  -- may be cut short by retry_timeout\n");
         } else {
@@ -78,7 +89,10 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
         latest += per_try;
     }
     if (attempts == 0) {
-        fprintf(out, "  ... and so on: retry_attempts 0 is bounded by retry_timeout only\n");
+        fprintf(out, "  ... and so on: with retry_attempts 0, attempts go on until retry_timeout\n"
+                "  worst case: retry_timeout %s, the only bound\n", fmt_ms(timeout, a, sizeof(a)));
+        fprintf(out, "\n");
+        return;
     }
     fprintf(out, "  worst case: %s if every attempt times out and every wait is the longest; "
             "retry_timeout %s %s\n", fmt_ms(latest, a, sizeof(a)),

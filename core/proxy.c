@@ -78,6 +78,8 @@ struct ric_proxy_s {
     ric_http_msg_t kept_resp;
     ric_peer_t *kept_peer;
     int drain_extended; /* the wait ended; the drain got DRAIN_GRACE_MS more */
+    int waiting;        /* between attempts: no attempt is in progress */
+    int64_t wait_until_ms;
 
     /* a body too large to hold for replay streams through: its bytes wait
      * here (framed as chunks when the client sent chunks) until written */
@@ -586,7 +588,9 @@ schedule_retry(ric_proxy_t *p, const ric_retry_decision_t *d, const char *what)
         p->uc = NULL;
     }
     p->prev_peer = p->peer;
+    p->waiting = 1;
     p->wait_us = d->wait_ms * 1000;
+    p->wait_until_ms = ric_now_ms() + d->wait_ms;
     tv.tv_sec = (time_t) (d->wait_ms / 1000);
     tv.tv_usec = (suseconds_t) (d->wait_ms % 1000) * 1000;
     event_add(&p->wait_timer, &tv);
@@ -685,7 +689,12 @@ ric_proxy_abort(ric_proxy_t *p)
     if (p->state == P_BODY) {
         write_access_log(p, p->resp.status); /* cut short, as the log's bytes show */
     } else {
-        record_attempt(p, "client_closed", 0);
+        if (!p->waiting && p->peer != NULL) {
+            record_attempt(p, "client_closed", 0); /* the attempt under way */
+        }
+        if (p->peer != NULL) {
+            p->entry.upstream = p->peer->conf->addr_text;
+        }
         write_access_log(p, 499);
     }
     proxy_free(p);
@@ -1385,6 +1394,39 @@ on_try_timeout(evutil_socket_t fd, short what, void *arg)
 
 #define DRAIN_GRACE_MS 1000
 
+/* No further attempt: the response kept from an earlier one, if any, is
+ * the answer; otherwise the gateway's own 502 (no upstream answered). */
+static void
+give_up(ric_proxy_t *p, int status, const char *why)
+{
+    ric_conn_t *c = p->c;
+
+    event_del(&p->wait_timer);
+    ric_log_error(RIC_LOG_INFO, 0, "giving up after %d attempt%s (%s), client: %s", p->attempt,
+                  p->attempt > 1 ? "s" : "", why, c->peer);
+    if (p->kept != NULL) {
+        deliver_kept(p);
+        return;
+    }
+    ric_conn_respond(c, status);
+    p->entry.bytes = c->out_len;
+    if (p->peer != NULL) {
+        p->entry.upstream = p->peer->conf->addr_text;
+    }
+    write_access_log(p, status);
+    proxy_free(p);
+    ric_conn_continue(c);
+}
+
+void
+ric_proxy_shutdown(ric_proxy_t *p, int64_t deadline_ms)
+{
+    p->deadline_ms = ric_min(p->deadline_ms, deadline_ms);
+    if (p->waiting && p->wait_until_ms >= p->deadline_ms) {
+        give_up(p, 502, "the worker is shutting down");
+    }
+}
+
 static void
 on_wait_done(evutil_socket_t fd, short what, void *arg)
 {
@@ -1394,6 +1436,11 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
+    if ((p->waiting || p->attempt == 0) && ric_now_ms() >= p->deadline_ms) {
+        /* a client that allowed no time at all gets its 504 without bothering the upstream */
+        give_up(p, 504, "the deadline has passed");
+        return;
+    }
     if (p->state == P_DRAIN && p->uc != NULL && !p->drain_extended) {
         /* the dropped response is still arriving: give it a little longer,
          * never more than half of what is left before the deadline */
@@ -1434,9 +1481,14 @@ attempt_start(ric_proxy_t *p)
 
     p->attempt_start_us = ric_now_us();
     p->peer = ric_upstream_pick(p->up, p->prev_peer, now);
-    arm_try_timer(p);
+    if (!p->streaming) {
+        arm_try_timer(p); /* a streamed body's clock starts when it has been sent */
+    }
+    p->waiting = 0;
 
-    p->uc = ric_upstream_pool_get(p->up, p->peer);
+    /* a request that cannot be retried takes no chances with a pooled
+     * connection: it is checked even when it was idle only a moment */
+    p->uc = ric_upstream_pool_get(p->up, p->peer, !(p->replay_safe && p->body_replayable));
     if (p->uc != NULL) {
         p->reused = 1;
         ric_upconn_own(p->uc, p, on_upstream_read, on_upstream_write);

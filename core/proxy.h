@@ -26,6 +26,10 @@ void ric_proxy_client_writable(ric_proxy_t *p);
 /* Whether any of the upstream's answer went to the client. */
 int ric_proxy_responding(const ric_proxy_t *p);
 
+/* The worker is stopping gracefully: no attempt starts after deadline_ms;
+ * a request waiting to retry past it gets its answer now. */
+void ric_proxy_shutdown(ric_proxy_t *p, int64_t deadline_ms);
+
 /* The client went away: stop and release everything (the upstream
  * connection is closed, never pooled half-read). */
 void ric_proxy_abort(ric_proxy_t *p);

@@ -138,25 +138,26 @@ ric_upstream_report(ric_upstream_t *u, ric_peer_t *p, int failed, int64_t now)
     const ric_upstream_server_t *s = p->conf;
 
     if (!failed) {
-        /* a good answer after fail_timeout clears the count, as in nginx */
-        if (p->fails && now - p->fail_window_start >= s->fail_timeout) {
-            p->fails = 0;
-        }
+        /* an answer proves it up: the count starts over, as in nginx */
+        p->fails = 0;
         return;
     }
     if (s->max_fails == 0 || u->npeers == 1) {
         return;
     }
-    if (p->fails == 0 || now - p->fail_window_start >= s->fail_timeout) {
-        p->fails = 0;
+    if (p->fails > 0 && p->fails < s->max_fails && now - p->fail_window_start >= s->fail_timeout) {
+        p->fails = 0; /* earlier failures are too old to add up */
+    }
+    if (p->fails == 0) {
         p->fail_window_start = now;
     }
+    /* the count is not reset when the server goes down: after fail_timeout
+     * one failed trial takes it down again, as in nginx */
     if (++p->fails >= s->max_fails) {
         p->down_until = now + s->fail_timeout;
-        p->fails = 0;
         ric_log_error(RIC_LOG_WARN, 0, "upstream server %s of \"%s\" marked down for %lldms "
                       "after %d failures", s->addr_text, u->conf->name,
-                      (long long) s->fail_timeout, s->max_fails);
+                      (long long) s->fail_timeout, p->fails);
     }
 }
 
@@ -268,8 +269,14 @@ ric_upconn_read_timeout(ric_upconn_t *c, int64_t ms)
 {
     struct timeval tv = ms_tv(ms);
 
-    /* re-adding an added event only moves its timer: no epoll_ctl */
-    event_add(&c->rev, ms > 0 ? &tv : NULL);
+    /* re-adding an added event only moves its timer: no epoll_ctl; with
+     * no time it would keep the old timer, which must go */
+    if (ms > 0) {
+        event_add(&c->rev, &tv);
+    } else {
+        event_add(&c->rev, NULL);
+        event_remove_timer(&c->rev);
+    }
 }
 
 void
@@ -287,11 +294,16 @@ ric_upconn_want_write(ric_upconn_t *c, int64_t ms)
 {
     struct timeval tv = ms_tv(ms);
 
-    event_add(&c->wev, ms > 0 ? &tv : NULL);
+    if (ms > 0) {
+        event_add(&c->wev, &tv);
+    } else {
+        event_add(&c->wev, NULL);
+        event_remove_timer(&c->wev);
+    }
 }
 
 ric_upconn_t *
-ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p)
+ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p, int careful)
 {
     ric_upconn_t *c, *next;
     int64_t now = ric_now_ms();
@@ -309,7 +321,7 @@ ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p)
             ric_upconn_close(c);
             continue;
         }
-        if (now - c->idle_since_ms < RIC_POOL_PEEK_AFTER_MS) {
+        if (!careful && now - c->idle_since_ms < RIC_POOL_PEEK_AFTER_MS) {
             /* servers close idle connections after seconds, not at once
              * (and say so when they close after a response); a connection
              * put back this recently needs no system call to trust */

@@ -73,8 +73,10 @@ ric_peer_t *ric_upstream_pick(ric_upstream_t *u, const ric_peer_t *avoid, int64_
 void ric_upstream_report(ric_upstream_t *u, ric_peer_t *p, int failed, int64_t now_ms);
 
 /* Takes an idle connection to p from the pool, checking that the upstream
- * has not closed it meanwhile; NULL when none is usable. */
-ric_upconn_t *ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p);
+ * has not closed it meanwhile; NULL when none is usable. careful: check
+ * with a system call even a connection pooled a moment ago (for requests
+ * that cannot be retried if it fails). */
+ric_upconn_t *ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p, int careful);
 
 /* Starts a non-blocking connect to p. Returns the connection (its write
  * event tells when the connect completes: check ric_upconn_connect_result),

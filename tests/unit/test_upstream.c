@@ -88,6 +88,15 @@ main(void)
     UNIT_CHECK_INT(counts[0], 5);
     UNIT_CHECK_INT(counts[1], 5);
 
+    UNIT_CASE("back after fail_timeout, one failed trial takes it down again (nginx)");
+    ric_upstream_report(h, &h->peers[0], 1, now + 10200);
+    UNIT_CHECK_INT(h->peers[0].down_until, now + 10200 + 10000);
+    UNIT_CASE("an answer starts the count over");
+    ric_upstream_report(h, &h->peers[0], 0, now + 20300);
+    UNIT_CHECK_INT(h->peers[0].fails, 0);
+    ric_upstream_report(h, &h->peers[0], 1, now + 20400);
+    UNIT_CHECK(h->peers[0].down_until <= now + 20400); /* one failure of two */
+
     UNIT_CASE("failures further apart than fail_timeout do not add up");
     ric_upstream_report(h, &h->peers[1], 1, now + 20000);
     ric_upstream_report(h, &h->peers[1], 1, now + 40000);
