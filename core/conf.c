@@ -284,6 +284,10 @@ parse_text(ric_conf_parse_t *cf, const char *file, const char *text, size_t len)
     int saved_line = cf->line, rc;
 
     cf->file = file;
+    if (len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0) {
+        text += 3; /* a UTF-8 byte order mark some editors write */
+        len -= 3;
+    }
     cf->pos = cf->start = text;
     cf->end = text + len;
     cf->line = 1;

@@ -363,6 +363,8 @@ request_start(ric_conn_t *c)
     uint64_t limit;
 
     ric_str_t path = ric_http_span(c->in, m->target_off, m->path_len);
+    u_char norm[RIC_HTTP_MAX_REQUEST_LINE];
+    size_t norm_len;
 
     if (m->host_index >= 0) {
         host = ric_http_span(c->in, m->fields[m->host_index].value_off,
@@ -370,6 +372,17 @@ request_start(ric_conn_t *c)
     }
     split_absolute_form(&path, &host);
     c->server = ric_route_server(c->listener, host);
+    if (ric_route_normalize(path.data, path.len, norm, &norm_len) != RIC_OK) {
+        c->settings = &c->server->settings;
+        c->in_used = m->head_len;
+        log_client_error(c, "an invalid request", 400, "invalid path");
+        respond_close(c, 400);
+        return;
+    }
+    /* locations see the decoded, normalized path, so /x/../small, //small
+     * and /%73mall all meet the settings of location /small */
+    path.data = norm;
+    path.len = norm_len;
     loc = ric_route_location(c->server, path);
     c->location = loc;
     c->settings = loc ? &loc->settings : &c->server->settings;

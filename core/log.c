@@ -9,6 +9,7 @@
 
 static ric_log_t default_log = { 2, RIC_LOG_NOTICE, NULL };
 ric_log_t *ric_log = &default_log;
+int ric_log_stderr_too = 1;
 
 static const char *level_names[] = {
     "emerg", "alert", "crit", "error", "warn", "notice", "info", "debug"
@@ -74,6 +75,9 @@ ric_log_write(int level, int err, const char *fmt, ...)
 
     /* one write(2) per line so lines from several workers never interleave */
     wr = write(ric_log->fd, line, n);
+    if (ric_log_stderr_too && ric_log->fd != 2 && level <= RIC_LOG_ERR) {
+        wr = write(2, line, n);
+    }
     (void) wr;
 }
 

@@ -26,6 +26,11 @@ struct ric_log_s {
 /* The process-wide log every module writes to. */
 extern ric_log_t *ric_log;
 
+/* While set (during start-up), lines at "error" and worse also go to
+ * stderr when the log is a file, so a failed start says why on the
+ * terminal, as nginx does. */
+extern int ric_log_stderr_too;
+
 #define ric_log_error(lvl, err, ...)                                        \
     do {                                                                   \
         if ((lvl) <= ric_log->level) {                                     \

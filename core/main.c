@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void
@@ -70,6 +71,23 @@ print_versions(void)
 }
 
 int ric_conf_print_directives(FILE *out);
+
+/* A typo in -p or -c should not quietly test the built-in default. */
+static int
+check_paths(const char *prefix, const char *file)
+{
+    struct stat st;
+
+    if (file != NULL && *file == '\0') {
+        fprintf(stderr, "ricochet: -c needs a file name\n");
+        return RIC_ERROR;
+    }
+    if (prefix != NULL && (*prefix == '\0' || stat(prefix, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        fprintf(stderr, "ricochet: the prefix \"%s\" is not a directory\n", prefix);
+        return RIC_ERROR;
+    }
+    return RIC_OK;
+}
 
 /* RICOCHET_NO_RETRY=1 turns every retry off, whatever the config says. */
 static int
@@ -168,6 +186,13 @@ main(int argc, char **argv)
         return 1;
     }
 
+    if (check_paths(prefix, file) != RIC_OK) {
+        if (test) {
+            fprintf(stderr, "ricochet: configuration file %s test failed\n",
+                    file && *file ? file : "(default)");
+        }
+        return 1;
+    }
     conf = ric_conf_load(prefix, file, err, sizeof(err));
     if (conf == NULL) {
         fprintf(stderr, "ricochet: %s\n", err);

@@ -73,6 +73,19 @@ failed:
 }
 
 static void
+close_listeners(ric_conf_t *conf)
+{
+    ric_listener_t *ls;
+
+    for (ls = conf->listeners; ls; ls = ls->next) {
+        if (ls->fd != -1) {
+            close(ls->fd);
+            ls->fd = -1;
+        }
+    }
+}
+
+static void
 master_signals(sigset_t *set)
 {
     sigemptyset(set);
@@ -244,11 +257,12 @@ ric_process_master(ric_conf_t *conf)
         free(slots);
         return 1;
     }
+    ric_log_stderr_too = 0; /* start-up is over: the error log alone from here */
     for (i = 0; i < n; i++) {
         spawn_worker(conf, &slots[i]);
     }
-    ric_log_error(RIC_LOG_NOTICE, 0, "ricochet/%s started: master %d, %d workers", RIC_VERSION,
-                  (int) getpid(), n);
+    ric_log_error(RIC_LOG_NOTICE, 0, "ricochet/%s started: master %d, %d worker%s", RIC_VERSION,
+                  (int) getpid(), n, n == 1 ? "" : "s");
 
     for (;;) {
         now = now_ms();
@@ -294,6 +308,9 @@ ric_process_master(ric_conf_t *conf)
             if (stopping == RUNNING) {
                 stopping = STOP_GRACEFUL;
                 kill_at = now_ms() + conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
+                /* new clients are refused at once and can go elsewhere,
+                 * instead of waiting in a backlog nobody will accept */
+                close_listeners(conf);
             }
             signal_workers(slots, n, SIGQUIT);
             break;
@@ -331,8 +348,8 @@ ric_process_signal(ric_conf_t *conf, const char *name)
     for (i = 0; i < ric_nelems(names) && strcmp(names[i].name, name) != 0; i++) {
     }
     if (i == ric_nelems(names)) {
-        fprintf(stderr, "ricochet: invalid option: \"-s %s\"; expected stop, quit, reopen or "
-                "reload\n", name);
+        fprintf(stderr, "ricochet: invalid option: \"-s %s\"; expected stop, quit or reopen\n",
+                name);
         return 1;
     }
     if (strcmp(name, "reload") == 0) {

@@ -285,7 +285,17 @@ put_template(ric_proxy_t *p, const ric_template_part_t *part)
                 v.data = (const u_char *) c->server->names[0];
                 v.len = strlen(c->server->names[0]);
             }
-            for (i = 0; i < v.len && v.data[i] != ':'; i++) {
+            if (v.len > 0 && v.data[0] == '[') {
+                const u_char *rb = memchr(v.data, ']', v.len);
+                v.len = rb ? (size_t) (rb - v.data) + 1 : v.len;
+            } else {
+                const u_char *colon = memchr(v.data, ':', v.len);
+                v.len = colon ? (size_t) (colon - v.data) : v.len;
+            }
+            if (v.len > 0 && v.data[v.len - 1] == '.') {
+                v.len--; /* "example.com." is example.com */
+            }
+            for (i = 0; i < v.len; i++) {
                 u_char ch = v.data[i];
                 ch = (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
                 req_put(p, &ch, 1);
@@ -403,6 +413,9 @@ build_request(ric_proxy_t *p)
     req_reserve(p, m->head_len + 256);
     req_put(p, c->in + m->method_off, m->method_len);
     req_puts(p, " ");
+    if (target.len > 0 && target.data[0] == '?') {
+        req_puts(p, "/"); /* "http://host?q" has an empty path: "/?q" */
+    }
     req_put(p, target.data, target.len);
     req_puts(p, " HTTP/1.1\r\n");
 

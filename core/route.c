@@ -82,3 +82,86 @@ ric_route_location(const ric_server_conf_t *s, ric_str_t path)
     }
     return best;
 }
+
+static int
+hex_value(u_char ch)
+{
+    if (ch >= '0' && ch <= '9') {
+        return ch - '0';
+    }
+    ch |= 0x20;
+    if (ch >= 'a' && ch <= 'f') {
+        return ch - 'a' + 10;
+    }
+    return -1;
+}
+
+int
+ric_route_normalize(const u_char *path, size_t len, u_char *out, size_t *out_len)
+{
+    size_t i, o = 0, seg;
+    int hi, lo;
+    u_char ch;
+
+    if (len == 0 || path[0] != '/') {
+        /* "*" (OPTIONS) and the like match no location: keep them as they are */
+        memcpy(out, path, len);
+        *out_len = len;
+        return RIC_OK;
+    }
+    for (i = 0; i < len; i++) {
+        ch = path[i];
+        if (ch == '%') {
+            if (i + 2 >= len || (hi = hex_value(path[i + 1])) < 0
+                || (lo = hex_value(path[i + 2])) < 0) {
+                return RIC_ERROR;
+            }
+            ch = (u_char) (hi << 4 | lo);
+            if (ch == '\0') {
+                return RIC_ERROR;
+            }
+            i += 2;
+        }
+        if (ch == '/' && o > 0 && out[o - 1] == '/') {
+            continue; /* merge "//" */
+        }
+        out[o++] = ch;
+        if (ch != '/') {
+            continue;
+        }
+        /* a segment just ended at out[o - 1]: resolve "." and ".." */
+        seg = o - 1;
+        while (seg > 0 && out[seg - 1] != '/') {
+            seg--;
+        }
+        if (o - 1 - seg == 1 && out[seg] == '.') {
+            o = seg;
+        } else if (o - 1 - seg == 2 && out[seg] == '.' && out[seg + 1] == '.') {
+            if (seg <= 1) {
+                return RIC_ERROR; /* above the root */
+            }
+            o = seg - 1;
+            while (o > 0 && out[o - 1] != '/') {
+                o--;
+            }
+        }
+    }
+    /* a final "." or ".." segment without its slash */
+    seg = o;
+    while (seg > 0 && out[seg - 1] != '/') {
+        seg--;
+    }
+    if (o - seg == 1 && out[seg] == '.') {
+        o = seg;
+    } else if (o - seg == 2 && out[seg] == '.' && out[seg + 1] == '.') {
+        if (seg <= 1) {
+            return RIC_ERROR;
+        }
+        o = seg - 1;
+        while (o > 0 && out[o - 1] != '/') {
+            o--;
+        }
+    }
+    *out_len = o;
+    return RIC_OK;
+}

@@ -560,6 +560,40 @@ describe("proxying through a shared gateway", function()
         assert.same({ "backend" }, hit_values(hit, "Host"))
     end)
 
+    it("sends '/?q' upstream for an absolute-form target with a query and no path", function()
+        local resp, err = H.request(gw.port, { path = "http://127.0.0.1:" .. gw.port .. "?x=1" })
+        assert.truthy(resp, ctx(gw, err))
+        assert.equal(200, resp.status)
+        assert.equal("/?x=1", up:hits()[1].target)
+    end)
+
+    it("matches locations on the normalized path; the original target goes upstream", function()
+        -- /small-buffer/ raises client_max_body_size to 2m: a 1.5m body is only accepted there
+        local body = ("z"):rep(1536 * 1024)
+        for _, path in ipairs({ "/x/../small-buffer/a", "//small-buffer//a", "/%73mall-buffer/a",
+                                "/x/%2e%2e/small-buffer/./a" }) do
+            local resp, err = H.request(gw.port, { method = "POST", path = path, body = body })
+            assert.truthy(resp, ctx(gw, err))
+            assert.equal(200, resp.status, path)
+        end
+        local targets = {}
+        for _, h in ipairs(up:hits()) do targets[#targets + 1] = h.target end
+        assert.same({ "/x/../small-buffer/a", "//small-buffer//a", "/%73mall-buffer/a",
+                      "/x/%2e%2e/small-buffer/./a" }, targets)
+        -- the plain prefix location keeps its 1m limit
+        local resp = assert(H.request(gw.port, { method = "POST", path = "/plain", body = body }))
+        assert.equal(413, resp.status)
+    end)
+
+    it("answers 400 to a path that climbs above the root or carries a bad escape", function()
+        for _, path in ipairs({ "/../etc/passwd", "/a/../../b", "/%zz", "/a%00b", "/%2e%2e/x" }) do
+            local out, closed = H.raw(gw.port, "GET " .. path .. " HTTP/1.1\r\nHost: a\r\n\r\n")
+            assert.matches("^HTTP/1%.1 400", out, path)
+            assert.is_true(closed, path)
+        end
+        assert.equal(0, up:stats().hits)
+    end)
+
     it("answers 502 for an upstream response head over the limit", function()
         up:program({ default = { status = 200, body = "x", headers = { ["X-Big"] = ("h"):rep(40000) } } })
         local resp, err = H.request(gw.port, { path = "/bighead" })
@@ -756,6 +790,48 @@ describe("upstream keep-alive", function()
         conn:close()
         assert.truthy(gw:wait_exit(5), "the gateway did not exit after its last request")
         assert.equal(0, gw.exit_code)
+    end)
+
+    it("lets an exchange outlast client_header_timeout and client_body_timeout", function()
+        -- the client's own timers stop once its request has been read
+        local conf = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    client_header_timeout 1s;
+    client_body_timeout 1s;
+    upstream backend { server {{UPSTREAM}}; }
+    server { listen 127.0.0.1:{{PORT}}; location / { proxy_pass http://backend; proxy_read_timeout 10s; } }
+}
+]]
+        local g = start_gw(conf, { upstream = up })
+        up:program({ default = { status = 200, body = "late", delay_ms = 2500 } })
+        local resp, err = H.request(g.port, { method = "POST", path = "/slow-answer", body = "x", timeout = 8 })
+        assert.truthy(resp, ctx(g, err))
+        assert.equal(200, resp.status)
+        assert.equal("late", resp.body)
+        g:stop()
+    end)
+
+    it("refuses new connections once SIGQUIT has begun a graceful stop", function()
+        local g = start_gw([[
+worker_processes 1;
+http { upstream backend { server {{UPSTREAM}}; } server { listen 127.0.0.1:{{PORT}}; location / { proxy_pass http://backend; } } }
+]], { upstream = up })
+        up:program({ default = { status = 200, body = "slow", delay_ms = 1500 } })
+        local conn = assert(H.connect(g.port))
+        assert(conn:send("GET /in-flight HTTP/1.1\r\nHost: a\r\n\r\n"))
+        assert.truthy(H.wait_until(function() return up:stats().hits == 1 end, 3))
+        g:signal("QUIT")
+        assert.truthy(H.wait_until(function()
+            local c = H.connect(g.port, { timeout = 0.5 })
+            if c then c:close() return false end
+            return true
+        end, 3), "the listener still accepted connections during the graceful stop")
+        local resp = assert(conn:read_response({ timeout = 5 }))
+        assert.equal(200, resp.status)
+        assert.truthy(g:wait_exit(5))
+        g:stop()
     end)
 
     it("keeps worker memory bounded for a slow client of a 20 MiB response", function()
