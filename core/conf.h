@@ -136,6 +136,8 @@ struct ric_listen_s {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     char *text; /* "127.0.0.1:8080", for logs */
+    const char *file; /* where the listen directive is */
+    int line;
     int default_server;
     int fd;     /* set by the master when bound; shared by every server on it */
     ric_server_conf_t *server;

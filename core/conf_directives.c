@@ -414,6 +414,8 @@ set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     l->addrlen = res->ai_addrlen;
     l->fd = -1;
     l->server = s;
+    l->file = cf->file;
+    l->line = cf->directive_line;
     l->text = ric_pstrdup(cf->pool, res->ai_family == AF_INET6 && host
                                         ? ric_conf_reason(cf, "[%s]:%s", host, port)
                                         : ric_conf_reason(cf, "%s:%s", host ? host : "0.0.0.0",
@@ -1181,7 +1183,7 @@ build_listeners(ric_conf_parse_t *cf)
                 for (o = ls->listens; o; o = o->addr_next) {
                     if (o->default_server) {
                         return ric_conf_reason(cf, "%s:%d: a duplicate default server for %s",
-                                               s->file, s->line, l->text);
+                                               l->file, l->line, l->text);
                     }
                 }
                 ls->default_server = s;

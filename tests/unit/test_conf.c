@@ -84,7 +84,7 @@ test_errors(void)
     check_error("duplicate default server",
                 "http {\n server {\n  listen 127.0.0.1:8080 default_server;\n }\n"
                 " server {\n  listen 127.0.0.1:8080 default_server;\n }\n}\n",
-                5, "a duplicate default server for 127.0.0.1:8080");
+                6, "a duplicate default server for 127.0.0.1:8080");
     check_error("bad port", "http {\n server {\n  listen 127.0.0.1:99999;\n }\n}\n", 3,
                 "invalid port in \"127.0.0.1:99999\"");
     check_error("hostname in listen", "http {\n server {\n  listen localhost:80;\n }\n}\n", 3,
