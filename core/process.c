@@ -320,6 +320,7 @@ ric_process_master(ric_conf_t *conf)
             break;
         case SIGUSR1:
             ric_log_reopen();
+            ric_log_error(RIC_LOG_NOTICE, 0, "reopened the error log; telling the workers");
             signal_workers(slots, n, SIGUSR1);
             break;
         }

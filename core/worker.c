@@ -172,6 +172,7 @@ on_signal(evutil_socket_t sig, short what, void *arg)
     case SIGUSR1:
         ric_log_reopen();
         ric_access_log_reopen(w->conf);
+        ric_log_error(RIC_LOG_NOTICE, 0, "worker reopened its log files");
         break;
     }
 }
