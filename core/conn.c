@@ -532,8 +532,9 @@ stream_error(ric_conn_t *c, int status)
         return;
     }
     if (c->proxy != NULL) {
-        ric_proxy_abort(c->proxy);
+        ric_proxy_discard(c->proxy); /* the answer below is what gets logged */
     }
+    c->out_len = c->out_sent = 0;
     respond_close(c, status);
     conn_run(c);
 }
@@ -565,9 +566,24 @@ stream_body(ric_conn_t *c)
     default:
         if (c->body_paused) {
             event_del(c->rev); /* the upstream is behind: stop reading the client */
+        } else if (c->proxy != NULL && ric_proxy_answered(c->proxy)) {
+            /* the upstream answered early: the rest of the body is read and
+             * dropped without a clock, so no 408 can land in the answer */
+            read_without_timeout(c);
         } else {
             arm_read(c, c->read_deadline);
         }
+    }
+}
+
+void
+ric_conn_body_answered(ric_conn_t *c)
+{
+    if (c->body_streaming && !c->body_done) {
+        /* the rest of the body is read and dropped, with no clock running,
+         * so no 408 can land in the middle of the answer */
+        c->body_paused = 0;
+        read_without_timeout(c);
     }
 }
 
@@ -819,22 +835,6 @@ on_read(evutil_socket_t fd, short what, void *arg)
         return;
     }
 
-    if (what & EV_TIMEOUT) {
-        if (c->state == RIC_CONN_HEAD && c->in_len == 0 && c->requests > 0) {
-            ric_conn_close(c); /* idle keep-alive connection */
-            return;
-        }
-        ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while reading the request %s, "
-                      "client: %s", c->state == RIC_CONN_BODY ? "body" : "head", c->peer);
-        event_del(c->rev);
-        respond_close(c, 408);
-        conn_run(c);
-        return;
-    }
-    if (c->state == RIC_CONN_WRITE) {
-        event_del(c->rev);
-        return;
-    }
     if (c->state == RIC_CONN_PROXY && c->body_streaming && !c->body_done) {
         if (what & EV_TIMEOUT) {
             ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while sending a streamed "
@@ -851,6 +851,27 @@ on_read(evutil_socket_t fd, short what, void *arg)
         }
         c->read_deadline = now_ms() + c->settings->client_body_timeout;
         stream_body(c);
+        return;
+    }
+    if (what & EV_TIMEOUT) {
+        if (c->state == RIC_CONN_PROXY) {
+            /* the client's clocks stop while the upstream works */
+            event_remove_timer(c->rev);
+            return;
+        }
+        if (c->state == RIC_CONN_HEAD && c->in_len == 0 && c->requests > 0) {
+            ric_conn_close(c); /* idle keep-alive connection */
+            return;
+        }
+        ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while reading the request %s, "
+                      "client: %s", c->state == RIC_CONN_BODY ? "body" : "head", c->peer);
+        event_del(c->rev);
+        respond_close(c, 408);
+        conn_run(c);
+        return;
+    }
+    if (c->state == RIC_CONN_WRITE) {
+        event_del(c->rev);
         return;
     }
     if (c->state == RIC_CONN_PROXY) {

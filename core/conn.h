@@ -85,6 +85,9 @@ void ric_conn_close(ric_conn_t *c);
 void ric_conn_respond(ric_conn_t *c, int status);
 void ric_conn_continue(ric_conn_t *c);
 
+/* The upstream answered while the client's body was still streaming. */
+void ric_conn_body_answered(ric_conn_t *c);
+
 /* The streaming proxy caught up: read the client's body again. */
 void ric_conn_body_resume(ric_conn_t *c);
 

@@ -696,6 +696,18 @@ ric_proxy_responding(const ric_proxy_t *p)
     return p->state == P_BODY;
 }
 
+int
+ric_proxy_answered(const ric_proxy_t *p)
+{
+    return p->state > P_SENDING;
+}
+
+void
+ric_proxy_discard(ric_proxy_t *p)
+{
+    proxy_free(p);
+}
+
 void
 ric_proxy_abort(ric_proxy_t *p)
 {
@@ -981,18 +993,6 @@ deliver(ric_proxy_t *p)
     p->body_left = p->resp.content_length;
     ric_http_chunked_init(&p->chunked);
     p->dechunk = p->resp.body == RIC_BODY_CHUNKED && c->msg.version == 10;
-    c->status = p->resp.status;
-
-    if (!c->msg.keep_alive || c->worker->shutting_down || s->keepalive_timeout == 0
-        || c->requests + 1 >= s->keepalive_requests || p->resp.body == RIC_BODY_CLOSE
-        || p->dechunk) {
-        c->close_after = 1;
-    }
-    if (p->streaming && !p->stream_done) {
-        /* answered before the body ended: the rest of it is never read */
-        c->close_after = 1;
-        c->linger = 1;
-    }
     p->relay_start = p->resp.head_len;
     p->relay_end = p->resp.head_len;
     if (scan_body(p, p->resp.head_len) != RIC_OK) {
@@ -1003,6 +1003,21 @@ deliver(ric_proxy_t *p)
         p->entry.attempts_total--;
         fail(p, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
         return;
+    }
+    c->status = p->resp.status;
+    if (!c->msg.keep_alive || c->worker->shutting_down || s->keepalive_timeout == 0
+        || c->requests + 1 >= s->keepalive_requests || p->resp.body == RIC_BODY_CLOSE
+        || p->dechunk) {
+        c->close_after = 1;
+    }
+    if (p->streaming && !p->stream_done) {
+        /* answered before the body ended: the rest of it is never read */
+        c->close_after = 1;
+        c->linger = 1;
+    }
+    if (p->uc != NULL) {
+        /* the body's pace: proxy_read_timeout between reads, whatever came before */
+        ric_upconn_read_timeout(p->uc, s->proxy_read_timeout);
     }
     build_client_head(p);
     relay(p);
@@ -1028,6 +1043,11 @@ read_head(ric_proxy_t *p)
         return;
     }
     p->buf_len += (size_t) n;
+    if (p->state == P_SENDING) {
+        /* an answer is coming while the request still goes up: from now
+         * on the upstream's pace is watched, so a stalled head cannot hang */
+        ric_upconn_read_timeout(uc, p->c->settings->proxy_read_timeout);
+    }
 
     for (;;) {
         rc = ric_http_parse_response(&p->resp, p->buf, p->buf_len, p->c->msg.method);
@@ -1054,6 +1074,14 @@ read_head(ric_proxy_t *p)
             p->buf_len -= p->resp.head_len;
             ric_http_msg_init(&p->resp);
             continue;
+        }
+        if (p->state == P_SENDING) {
+            /* a final answer before the whole request went up (413, 401...):
+             * stop sending; the connection is not reused */
+            event_del(&uc->wev);
+            p->early_answer = 1;
+            p->state = P_HEAD;
+            ric_conn_body_answered(p->c);
         }
         got_head(p);
         return;
@@ -1095,7 +1123,9 @@ relay(ric_proxy_t *p)
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 /* a slow client: stop reading the upstream until it drains,
                  * so memory stays at one buffer */
-                if (!p->reading_paused && !p->resp_done) {
+                if (!p->reading_paused && p->uc != NULL) {
+                    /* also when the response is all here: an upstream that
+                     * closes now must not look like one that broke off */
                     ric_upconn_reading(p->uc, 0, 0);
                     p->reading_paused = 1;
                 }
@@ -1132,7 +1162,9 @@ relay(ric_proxy_t *p)
 void
 ric_proxy_client_writable(ric_proxy_t *p)
 {
-    relay(p);
+    if (p->state == P_BODY) {
+        relay(p);
+    }
 }
 
 static void
@@ -1141,6 +1173,15 @@ read_body(ric_proxy_t *p)
     ric_upconn_t *uc = p->uc;
     size_t from = p->buf_len;
     ssize_t n;
+
+    if (p->resp_done || p->buf_len == PROXY_BUF_SIZE) {
+        /* nothing more is wanted, or no room: wait for the client */
+        if (!p->reading_paused) {
+            ric_upconn_reading(uc, 0, 0);
+            p->reading_paused = 1;
+        }
+        return;
+    }
 
     n = recv(uc->fd, p->buf + p->buf_len, PROXY_BUF_SIZE - p->buf_len, 0);
     if (n == 0) {
@@ -1200,11 +1241,8 @@ on_upstream_read(ric_upconn_t *uc, short what)
     case P_CONNECTING:
         return; /* the write event reports the connect */
     case P_SENDING:
-        /* an early answer (an error while the body was still going up):
-         * read it; the connection is not reused */
-        event_del(&uc->wev);
-        p->state = P_HEAD;
-        p->early_answer = 1;
+        /* bytes while the request still goes up: an interim 1xx (sending
+         * goes on) or an early final answer (read_head stops the sending) */
         read_head(p);
         return;
     case P_HEAD:
@@ -1266,6 +1304,11 @@ send_request(ric_proxy_t *p)
         } else {
             off = (off_t) (at - p->req_len - b->mem_len);
             n = sendfile(uc->fd, b->fd, &off, (size_t) ric_min(total - at, (uint64_t) 1 << 20));
+            if (n == 0) {
+                /* the temp file ended before its recorded length: never spin */
+                errno = EIO;
+                n = -1;
+            }
         }
         if (n == -1) {
             if (write_failed(p, "sending the request failed") == RIC_OK) {
@@ -1306,6 +1349,12 @@ send_request(ric_proxy_t *p)
 static void
 stage_put(ric_proxy_t *p, const void *data, size_t n)
 {
+    if (p->stage_sent > 0) {
+        /* drop what went out, so the stage holds only what is pending */
+        memmove(p->stage, p->stage + p->stage_sent, p->stage_len - p->stage_sent);
+        p->stage_len -= p->stage_sent;
+        p->stage_sent = 0;
+    }
     if (p->stage_len + n > p->stage_size) {
         p->stage_size = ric_max(p->stage_size * 2, p->stage_len + n + 1024);
         p->stage = ric_xrealloc(p->stage, p->stage_size);

@@ -26,6 +26,13 @@ void ric_proxy_client_writable(ric_proxy_t *p);
 /* Whether any of the upstream's answer went to the client. */
 int ric_proxy_responding(const ric_proxy_t *p);
 
+/* Whether the upstream has answered (the request is no longer being sent). */
+int ric_proxy_answered(const ric_proxy_t *p);
+
+/* Drops the exchange without an access log line (the connection logs the
+ * answer it gives instead). */
+void ric_proxy_discard(ric_proxy_t *p);
+
 /* The worker is stopping gracefully: no attempt starts after deadline_ms;
  * a request waiting to retry past it gets its answer now. */
 void ric_proxy_shutdown(ric_proxy_t *p, int64_t deadline_ms);
