@@ -15,6 +15,7 @@ local function to_hex(s)
 end
 
 local text_body = H.text_body
+local socket_time = require("socket").gettime
 
 local function all_bytes(reps)
     local t = {}
@@ -1099,5 +1100,86 @@ describe("routing", function()
         assert.equal(2, b:stats().hits, table.concat(order, " "))
         -- smooth weighted round robin spreads the light server out: never b twice in a row
         assert.is_nil(table.concat(order):find("bb"), table.concat(order, " "))
+    end)
+end)
+
+---------------------------------------------------------------------------
+-- bodies over retry_body_max stream through while the upstream answers
+---------------------------------------------------------------------------
+
+describe("streamed request bodies", function()
+    local up, gw
+
+    setup(function()
+        up = H.start_upstream()
+        gw = start_gw([[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    retry_body_max 1k;
+    client_max_body_size 10m;
+    client_body_timeout 1s;
+    proxy_read_timeout 1s;
+    upstream backend { server {{UPSTREAM}}; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        location / { proxy_pass http://backend; }
+        location /patient/ { proxy_pass http://backend; proxy_read_timeout 5s; }
+    }
+}
+]], { upstream = up })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    before_each(function()
+        up:reset()
+    end)
+
+    -- the head and the first part of the body at once, the rest in slow pieces, so that the
+    -- upstream's early bytes arrive while the request is still going up
+    local function slow_put(path, body)
+        local head = ("PUT %s HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n"):format(path, #body)
+        local pieces = { head .. body:sub(1, 2048) }
+        for i = 2049, #body, 4096 do pieces[#pieces + 1] = body:sub(i, i + 4095) end
+        return H.raw(gw.port, table.concat(pieces), { pieces = pieces, pause = 0.05, timeout = 8,
+            ["until"] = "\r\n\r\n.*" })
+    end
+
+    it("keeps sending the body after an interim 100 Continue from the upstream", function()
+        up:program({ routes = { ["/continue"] = { default = { early = "HTTP/1.1 100 Continue\r\n\r\n",
+            status = 200, body = "got it" } } } })
+        local body = text_body(40 * 1024)
+        local out = slow_put("/continue", body)
+        assert.truthy(H.wait_until(function() return up:stats().hits == 1 end, 5), ctx(gw))
+        local hit = up:hits()[1]
+        assert.equal(#body, hit.body_len, ctx(gw))
+        assert.is_true(hit.body == body, "the upstream got a different body")
+        assert.matches("^HTTP/1%.1 200", out or "")
+    end)
+
+    it("bounds a streamed request whose response head stalls half-way", function()
+        up:program({ routes = { ["/stall"] = { default = { early = "HTTP/1.1 200 OK\r\n", early_hold = true } } } })
+        local t0 = socket_time()
+        local out = slow_put("/stall", text_body(40 * 1024))
+        assert.matches("^HTTP/1%.1 504", out or "", ctx(gw))
+        assert.is_true(socket_time() - t0 < 7, "the stalled head held the request too long")
+    end)
+
+    it("writes nothing of its own into an early answer while the client's body stalls", function()
+        up:program({ routes = { ["/patient/early"] = { default = {
+            early = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello", early_hold = true } } } })
+        local conn = assert(H.connect(gw.port))
+        assert(conn:send("PUT /patient/early HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n"
+            .. ("x"):rep(2048)))
+        -- the client sends nothing more; the answer's body stalls too. client_body_timeout (1s)
+        -- runs out first, and must not put a 408 inside the answer
+        local data = conn:read_all(3)
+        conn:close()
+        assert.matches("^HTTP/1%.1 200", data, ctx(gw))
+        assert.is_nil(data:find("408", 1, true), "a 408 landed in the answer: " .. data)
     end)
 end)

@@ -7,7 +7,9 @@
 --   GET  /__fault/hits[?since=N&bodies=0]   POST /__fault/reset   GET /__fault/stats
 -- R (a response) fields: status reason headers body body_hex body_size chunked chunk_size chunk_delay_ms trailers
 --   delay_ms body_delay_ms reset("before_head"|"after_head"|"mid_body") reset_delay_ms close raw raw_hex silent
---   echo interim([R...], 1xx sent before the final head). A bare number is shorthand for {"status": N}.
+--   echo interim([R...], 1xx sent before the final head), early (raw bytes sent as soon as the request head is
+--   read, before its body), early_hold (after early: hold the connection, never answer). A bare number is
+--   shorthand for {"status": N}.
 
 local socket = require("socket")
 local cjson = require("cjson")
@@ -308,6 +310,8 @@ local function wants_continue(version, map)
     return version == "HTTP/1.1" and map["expect"] and map["expect"]:lower() == "100-continue"
 end
 
+local peek_response -- defined with the programs below
+
 -- Reads one request. Returns nil when the connection ended before a complete head.
 local function read_request(c)
     local head = read_head(c)
@@ -337,6 +341,21 @@ local function read_request(c)
         end
     end
     local is_control = req.path:sub(1, 9) == "/__fault/"
+    if not is_control then
+        -- "early": bytes sent as soon as the head is read, before the body
+        -- (an unasked 100 Continue, or the start of an answer); "early_hold"
+        -- then holds the connection without reading or answering
+        local r = peek_response(req.path)
+        if r and r.early then
+            if not send_all(c, r.early) then return nil end
+            if r.early_hold then
+                for _ = 1, 1e9 do
+                    if not recv_some(c) then break end
+                end
+                return nil
+            end
+        end
+    end
     if (req.chunked or (length or 0) > 0) and wants_continue(version, map) then
         local ok = send_all(c, "HTTP/1.1 100 Continue\r\n\r\n")
         if not ok then return nil end
@@ -420,6 +439,15 @@ local function apply_program(body)
 end
 
 -- The n-th request to a slot gets sequence[n], then the slot default, then the global default.
+-- The response the next request to path will get, without using it up.
+function peek_response(path)
+    local prog = state.program
+    local slot = prog.routes[path] or prog.global
+    local pos = slot.pos + 1
+    if slot.cycle and #slot.sequence > 0 and pos > #slot.sequence then pos = 1 end
+    return slot.sequence[pos] or slot.default or prog.global.default
+end
+
 local function pick_response(path)
     local prog = state.program
     local slot = prog.routes[path] or prog.global
