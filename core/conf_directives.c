@@ -552,6 +552,22 @@ current_refs(ric_conf_parse_t *cf)
     return NULL;
 }
 
+/* The ric_http_refs_t field of a RIC_CONF_REF directive at this level. */
+static char **
+ref_at(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd)
+{
+    return (char **) ((char *) current_refs(cf) + cmd->offset);
+}
+
+static const char *
+ref_duplicate(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd)
+{
+    if (*ref_at(cf, cmd) != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    return NULL;
+}
+
 static const char *
 set_proxy_pass(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -739,27 +755,25 @@ access_log_for(ric_conf_parse_t *cf, const char *arg)
 static const char *
 set_access_log(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    ric_http_refs_t *refs = current_refs(cf);
+    const char *dup = ref_duplicate(cf, cmd);
 
     (void) conf;
-    if (refs->access_log != NULL) {
-        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    if (dup == NULL) {
+        current_refs(cf)->access_log = access_log_for(cf, cf->args[1]);
     }
-    refs->access_log = access_log_for(cf, cf->args[1]);
-    return NULL;
+    return dup;
 }
 
 static const char *
 set_body_temp_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    ric_http_refs_t *refs = current_refs(cf);
+    const char *dup = ref_duplicate(cf, cmd);
 
     (void) conf;
-    if (refs->body_temp_path != NULL) {
-        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    if (dup == NULL) {
+        *ref_at(cf, cmd) = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
     }
-    refs->body_temp_path = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
-    return NULL;
+    return dup;
 }
 
 static const char *
@@ -921,12 +935,6 @@ set_idempotency_key(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return NULL;
 }
 
-static char **
-ref_at(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd)
-{
-    return (char **) ((char *) current_refs(cf) + cmd->offset);
-}
-
 static const char *
 set_retry_on(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -934,8 +942,8 @@ set_retry_on(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     const char *bad;
 
     (void) conf;
-    if (*ref_at(cf, cmd) != NULL) {
-        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    if (ref_duplicate(cf, cmd) != NULL) {
+        return cf->reason;
     }
     on = ric_pcalloc(cf->pool, sizeof(*on));
     bad = ric_retry_on_parse(on, cf->args + 1, cf->nargs - 1);
@@ -955,8 +963,8 @@ set_header_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     const char *p;
 
     (void) conf;
-    if (*ref_at(cf, cmd) != NULL) {
-        return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    if (ref_duplicate(cf, cmd) != NULL) {
+        return cf->reason;
     }
     if (strcmp(cf->args[1], "off") == 0 && strcmp(cmd->name, "retry_attempt_header") == 0) {
         *ref_at(cf, cmd) = ric_pstrdup(cf->pool, "");
