@@ -873,10 +873,29 @@ field_value(const ric_http_msg_t *m, const u_char *buf, int index)
 }
 
 /* Request semantics once the head is complete (RFC 9112 §3.2, §6, §9.3). */
+/* Transfer-Encoding that makes the framing ambiguous, in requests and
+ * responses alike: NULL when it is acceptable, else why not. */
+static const char *
+te_framing_error(const head_info_t *h, int version)
+{
+    if (h->te_count > 1) {
+        return "repeated Transfer-Encoding";
+    }
+    if (version == 10) {
+        /* RFC 9112 §6.1: framing is faulty by definition */
+        return "Transfer-Encoding in HTTP/1.0";
+    }
+    if (h->cl_count) {
+        return "both Transfer-Encoding and Content-Length";
+    }
+    return NULL;
+}
+
 static int
 finish_request(ric_http_msg_t *m, const u_char *buf)
 {
     head_info_t h;
+    const char *reason;
 
     scan_fields(m, buf, &h);
 
@@ -891,15 +910,8 @@ finish_request(ric_http_msg_t *m, const u_char *buf)
     }
 
     if (h.te_count) {
-        if (h.te_count > 1) {
-            return fail(m, 400, "repeated Transfer-Encoding");
-        }
-        if (m->version == 10) {
-            /* RFC 9112 §6.1: framing is faulty by definition */
-            return fail(m, 400, "Transfer-Encoding in HTTP/1.0");
-        }
-        if (h.cl_count) {
-            return fail(m, 400, "both Transfer-Encoding and Content-Length");
+        if ((reason = te_framing_error(&h, m->version)) != NULL) {
+            return fail(m, 400, reason);
         }
         switch (parse_transfer_encoding(field_value(m, buf, h.te_index))) {
         case TE_CHUNKED:
@@ -946,6 +958,7 @@ static int
 finish_response(ric_http_msg_t *m, const u_char *buf, ric_http_method_t request_method)
 {
     head_info_t h;
+    const char *reason;
 
     scan_fields(m, buf, &h);
 
@@ -959,14 +972,8 @@ finish_response(ric_http_msg_t *m, const u_char *buf, ric_http_method_t request_
     } else if (h.te_count) {
         /* a list spread over several fields would be legal, but we are as
          * strict with upstreams as with clients */
-        if (h.te_count > 1) {
-            return fail(m, 502, "repeated Transfer-Encoding");
-        }
-        if (m->version == 10) {
-            return fail(m, 502, "Transfer-Encoding in HTTP/1.0");
-        }
-        if (h.cl_count) {
-            return fail(m, 502, "both Transfer-Encoding and Content-Length");
+        if ((reason = te_framing_error(&h, m->version)) != NULL) {
+            return fail(m, 502, reason);
         }
         switch (parse_transfer_encoding(field_value(m, buf, h.te_index))) {
         case TE_CHUNKED:
