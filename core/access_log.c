@@ -181,7 +181,7 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
     put_json_cstr(&o, e->upstream);
     put_lit(&o, ",\"attempts\":[");
     for (i = 0; i < e->nattempts; i++) {
-        const ric_attempt_t *a = &e->attempts[i];
+        const ric_attempt_record_t *a = &e->attempts[i];
         if (i > 0) {
             put_lit(&o, ",");
         }
@@ -200,6 +200,10 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
     put_lit(&o, "]");
     if (e->attempts_total > e->nattempts) {
         putf(&o, ",\"attempts_total\":%d", e->attempts_total);
+    }
+    if (e->not_retried != NULL) {
+        put_lit(&o, ",\"not_retried\":");
+        put_json_cstr(&o, e->not_retried);
     }
     put_lit(&o, "}");
     if (o.p >= o.end) {

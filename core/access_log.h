@@ -12,7 +12,7 @@ typedef struct {
     int status;         /* the upstream's status, 0 when none arrived */
     int64_t duration_us;
     int64_t wait_us;    /* backoff before this attempt */
-} ric_attempt_t;
+} ric_attempt_record_t;
 
 #define RIC_MAX_ATTEMPTS 32 /* logged in full; longer schedules keep the first and the last */
 
@@ -25,9 +25,10 @@ typedef struct {
     uint64_t bytes; /* sent to the client, head included */
     int64_t duration_us;
     const char *upstream; /* the server of the final answer, or NULL */
-    ric_attempt_t attempts[RIC_MAX_ATTEMPTS];
+    ric_attempt_record_t attempts[RIC_MAX_ATTEMPTS];
     int nattempts;
     int attempts_total; /* attempts made, when more than were kept */
+    const char *not_retried; /* why the last attempt's failure was final; NULL */
 } ric_access_entry_t;
 
 /* Opens every access log of conf (done by the master, so workers inherit

@@ -58,6 +58,7 @@ typedef struct {
     int64_t retries;
     int64_t retry_body_max;
     int64_t idempotency_key;            /* RIC_IDEMPOTENCY_* */
+    int64_t underscores_in_headers;     /* 1: forward names with '_' */
 } ric_http_settings_t;
 
 #define RIC_IDEMPOTENCY_OFF 0

@@ -1,24 +1,30 @@
-/* conn.h: a client (downstream) HTTP/1.1 connection: reading requests, answering in order, keep-alive. */
+/* conn.h: a client (downstream) HTTP/1.1 connection: reading requests, writing their answers in order, keep-alive. */
 #ifndef RIC_CONN_H
 #define RIC_CONN_H
 
 #include "ric_core.h"
 #include "conf.h"
-#include "body.h"
 #include "http_parse.h"
+#include "io.h"
 
 #include <event2/event.h>
 
 typedef enum {
-    RIC_CONN_HEAD,      /* waiting for / reading a request head */
-    RIC_CONN_BODY,      /* reading the request body */
-    RIC_CONN_WRITE,     /* writing a response */
-    RIC_CONN_PROXY,     /* the proxy owns the exchange (proxy.c) */
-    RIC_CONN_LINGER     /* answered with close: draining what the client still sends */
+    RIC_CONN_HEAD,    /* waiting for / reading a request head */
+    RIC_CONN_REQUEST, /* a request (ric_request_t) is under way */
+    RIC_CONN_LINGER   /* answered with close: draining what the client still sends */
 } ric_conn_state_t;
 
+/* How a request ended, as the connection needs to know (request.c). */
+typedef enum {
+    RIC_END_ANSWERED,    /* the whole answer went out */
+    RIC_END_CUT_SHORT,   /* the answer broke off midway: the connection closes */
+    RIC_END_CLIENT_GONE, /* the client hung up, or its socket failed or stalled */
+    RIC_END_SHUTDOWN     /* the worker stops with the request unanswered */
+} ric_request_end_t;
+
 struct ric_conn_s {
-    int fd;
+    ric_io_t io;
     ric_worker_t *worker;
     ric_listener_t *listener;
     ric_conn_state_t state;
@@ -33,39 +39,34 @@ struct ric_conn_s {
     u_char *in;
     size_t in_size;
     size_t in_len;
-    size_t in_used; /* bytes of in[] belonging to the current request */
-
+    size_t in_used; /* bytes of in[] belonging to the current request's head */
     ric_http_msg_t msg;
+
+    /* the request body, as the request asks for it */
+    int body_reading;       /* the request wants its body read */
+    int body_paused;        /* ...but cannot take more now */
+    int body_discard;       /* ...or no longer wants it: read and drop */
+    int body_complete;      /* all of it was read */
     ric_http_chunked_t chunked;
     uint64_t body_left;     /* Content-Length bytes still to read */
     uint64_t body_received; /* body bytes so far (for client_max_body_size) */
+    int body_error;         /* the status a broken body gets */
     int continue_sent;
-    ric_body_t body; /* kept for the upstream when the route proxies */
-    int body_streaming; /* too large to hold: sent upstream as it arrives */
-    int body_done;      /* ...and all of it has arrived */
-    int body_paused;    /* ...and the upstream is behind: the client waits */
-    int body_error;     /* the status a broken body gets */
 
-    /* the current request's route */
-    ric_server_conf_t *server;
-    ric_location_conf_t *location; /* NULL: none matched */
-    const ric_http_settings_t *settings;
-    ric_proxy_t *proxy;            /* while state is RIC_CONN_PROXY */
-    int64_t request_start_us;
+    ric_request_t *r; /* the current request; NULL between requests */
+    const ric_http_settings_t *settings; /* of the current request's route */
     int64_t requests;          /* served on this connection */
     int64_t keepalive_timeout; /* ms, of the route that answered last */
 
-    /* output */
-    u_char *out;
-    size_t out_size;
-    size_t out_len;
+    /* output: the head being written; the body is written from the
+     * request's buffers without a copy */
+    ric_buf_t out;
     size_t out_sent;
-    int close_after; /* close once the current response is written */
-    int status;      /* of the current response, for logs */
+    uint64_t response_bytes; /* of the current answer that went out */
+    int close_after;         /* close once the current answer is written */
 
-    int linger;          /* after an error: drain the client before closing */
-    int running;         /* conn_run calls on the stack */
-    int closed;          /* closed; freed when running drops to 0 */
+    int running;           /* entries on the stack */
+    int closed;            /* closed; freed when running drops to 0 */
     int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
 
     ric_conn_t *prev, *next; /* worker's list */
@@ -76,30 +77,48 @@ struct ric_conn_s {
 int ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockaddr *sa,
                     socklen_t salen);
 
-/* Closes the connection now and frees it. */
+/* Closes the connection now (a request under way ends as client gone). */
 void ric_conn_close(ric_conn_t *c);
 
-/* Queues the gateway's own answer (502, 504, 500...) to the current
- * request (c->out_len is then its size); ric_conn_continue sends it and
- * goes on with the connection. */
-void ric_conn_respond(ric_conn_t *c, int status);
-void ric_conn_continue(ric_conn_t *c);
-
-/* The upstream answered while the client's body was still streaming. */
-void ric_conn_body_answered(ric_conn_t *c);
-
-/* The streaming proxy caught up: read the client's body again. */
-void ric_conn_body_resume(ric_conn_t *c);
-
-/* Appends bytes to the pending output. */
-void ric_conn_out_append(ric_conn_t *c, const void *p, size_t n);
-
-/* The proxy wrote the whole response (or gave up on the client): the
- * connection goes on to the next request, or closes when close_after. */
-void ric_conn_proxy_done(ric_conn_t *c);
-
 /* Graceful shutdown: closes c if it is idle between requests; otherwise it
- * will close once its current response is written. */
+ * closes once its current answer is written. */
 void ric_conn_shutdown(ric_conn_t *c);
+
+/* --- what the current request uses -------------------------------------- */
+
+/* The route's settings now apply to the connection (timeouts, keep-alive). */
+void ric_conn_use_settings(ric_conn_t *c, const ric_http_settings_t *s);
+
+/* Whether the connection can carry another request after this answer:
+ * the client's keep-alive, keepalive_timeout and _requests, no shutdown,
+ * nothing that forced a close. The head being built says so. */
+int ric_conn_keepalive(const ric_conn_t *c);
+
+/* The connection closes after this answer (the rest of the body was not
+ * read, the body ends with the connection...). */
+void ric_conn_close_after(ric_conn_t *c);
+
+/* Appends bytes to the answer's head. */
+void ric_conn_head_append(ric_conn_t *c, const void *p, size_t n);
+
+/* Writes the rest of the head, then data[0, n). RIC_OK: all of it went
+ * out. RIC_AGAIN: *taken bytes of data did (the rest waits for the
+ * client; ric_request_client_writable follows, or the request ends as
+ * client gone after send_timeout). RIC_ERROR: the client is gone. */
+int ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken);
+
+/* Starts (or resumes, after ric_request_body_data said RIC_AGAIN) reading
+ * the request body: bytes go to ric_request_body_data, then
+ * ric_request_body_done or ric_request_body_failed. */
+void ric_conn_body_read(ric_conn_t *c);
+
+/* The rest of the body is not wanted: read and dropped, with no clock, so
+ * that no 408 lands in the middle of the answer. */
+void ric_conn_body_discard(ric_conn_t *c);
+
+/* The request ended (request.c's finalize, its last step): the connection
+ * goes on to the next request, or closes, after lingering unless the
+ * client is gone. Every close after an answer passes here. */
+void ric_conn_request_done(ric_conn_t *c, ric_request_end_t end);
 
 #endif /* RIC_CONN_H */

@@ -25,15 +25,6 @@ typedef struct {
     int64_t respawn_at; /* when an empty slot is to be filled; 0: now */
 } worker_slot_t;
 
-static int64_t
-now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int
 ric_process_bind(ric_conf_t *conf)
 {
@@ -121,7 +112,7 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot)
         exit(ric_worker_run(conf));
     }
     slot->pid = pid;
-    slot->started_ms = now_ms();
+    slot->started_ms = ric_now_ms();
     slot->respawn_at = 0;
     ric_log_error(RIC_LOG_NOTICE, 0, "started worker process %d", (int) pid);
     return pid;
@@ -178,7 +169,7 @@ reap_workers(worker_slot_t *slots, int n, int stopping)
         if (stopping) {
             continue;
         }
-        now = now_ms();
+        now = ric_now_ms();
         slots[i].respawn_at = now - slots[i].started_ms < RESPAWN_MIN_INTERVAL_MS
                                   ? slots[i].started_ms + RESPAWN_MIN_INTERVAL_MS
                                   : now;
@@ -265,7 +256,7 @@ ric_process_master(ric_conf_t *conf)
                   (int) getpid(), n, n == 1 ? "" : "s");
 
     for (;;) {
-        now = now_ms();
+        now = ric_now_ms();
         wake = now + 1000;
         for (i = 0; i < n && stopping == RUNNING; i++) {
             if (slots[i].pid == 0) {
@@ -300,14 +291,14 @@ ric_process_master(ric_conf_t *conf)
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, stopping", sig);
             stopping = STOP_FAST;
             signal_workers(slots, n, SIGTERM);
-            kill_at = now_ms() + FAST_STOP_GRACE_MS;
+            kill_at = ric_now_ms() + FAST_STOP_GRACE_MS;
             break;
         case SIGQUIT:
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, shutting down gracefully",
                           sig);
             if (stopping == RUNNING) {
                 stopping = STOP_GRACEFUL;
-                kill_at = now_ms() + conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
+                kill_at = ric_now_ms() + conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
                 /* new clients are refused at once and can go elsewhere,
                  * instead of waiting in a backlog nobody will accept */
                 close_listeners(conf);

@@ -138,8 +138,20 @@ ric_retry_parse_deadline(const u_char *v, size_t len, int64_t *ms)
     return RIC_OK;
 }
 
+const char *
+ric_retry_reason_name(ric_retry_reason_t reason)
+{
+    static const char *const names[] = {
+        "retry", "retries_off", "response_started", "final_status", "class_not_retried",
+        "unsafe_method", "body_not_replayable", "attempts_exhausted", "deadline",
+        "budget_exhausted", "shutting_down"
+    };
+
+    return (size_t) reason < ric_nelems(names) ? names[reason] : "unknown";
+}
+
 static ric_retry_decision_t
-no(const char *reason)
+no(ric_retry_reason_t reason)
 {
     ric_retry_decision_t d = { 0, 0, reason };
     return d;
@@ -149,28 +161,30 @@ ric_retry_decision_t
 ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
                  ric_budget_t *budget, ric_rand_pt rnd, void *ctx)
 {
-    ric_retry_decision_t d = { 1, 0, "retry" };
+    ric_retry_decision_t d = { 1, 0, RIC_RETRY_YES };
 
     if (!policy->enabled || ric_retry_killed) {
-        return no("retries off");
+        return no(RIC_RETRY_OFF);
     }
     /* DESIGN §1.3: once a byte went to the client the request is final */
     if (in->response_started) {
-        return no("response started");
+        return no(RIC_RETRY_RESPONSE_STARTED);
     }
-    if (!ric_retry_on_match(policy->retry_on, in->class, in->status)) {
-        return no(in->class == RIC_CLASS_STATUS ? "final status" : "class not in retry_on");
+    if (in->classified == RIC_CLASSIFY_FINAL
+        || (in->classified == RIC_CLASSIFY_DEFAULT
+            && !ric_retry_on_match(policy->retry_on, in->class, in->status))) {
+        return no(in->class == RIC_CLASS_STATUS ? RIC_RETRY_FINAL_STATUS : RIC_RETRY_CLASS_NOT_LISTED);
     }
     /* DESIGN §1.1: an unsafe request is repeated only when it provably
      * never reached the upstream */
     if (!in->replay_safe && in->class != RIC_CLASS_CONNECT_ERROR) {
-        return no("not replay-safe");
+        return no(RIC_RETRY_UNSAFE);
     }
     if (!in->body_replayable) {
-        return no("body not replayable");
+        return no(RIC_RETRY_BODY_NOT_KEPT);
     }
     if (policy->attempts > 0 && in->attempt >= policy->attempts) {
-        return no("attempts exhausted");
+        return no(RIC_RETRY_ATTEMPTS);
     }
     if (in->class == RIC_CLASS_STATUS && in->has_retry_after && in->retry_after_ms >= 0
         && in->retry_after_ms <= policy->retry_after_max_ms) {
@@ -181,10 +195,10 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     /* DESIGN §1.2: a wait that would end at or past the deadline is not
      * taken; the client gets this answer now */
     if (in->now_ms + d.wait_ms >= in->deadline_ms) {
-        return no("deadline");
+        return no(RIC_RETRY_DEADLINE);
     }
     if (budget != NULL && !ric_budget_take(budget, in->now_ms)) {
-        return no("budget exhausted");
+        return no(RIC_RETRY_BUDGET);
     }
     return d;
 }

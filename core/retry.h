@@ -29,8 +29,15 @@ typedef struct {
 } ric_retry_policy_t;
 
 /* What happened, and what the request allows. */
+/* A classifier's word on an outcome, above retry_on (a route script's
+ * classify): RIC_CLASSIFY_DEFAULT leaves it to retry_on. */
+#define RIC_CLASSIFY_DEFAULT 0
+#define RIC_CLASSIFY_RETRY 1  /* transient, whatever retry_on says */
+#define RIC_CLASSIFY_FINAL 2  /* final: "accept" and "fail" */
+
 typedef struct {
     unsigned class;        /* RIC_CLASS_* of the attempt that just ended */
+    int classified;        /* RIC_CLASSIFY_* */
     int status;            /* with RIC_CLASS_STATUS */
     int attempt;           /* that attempt's number, from 1 */
     int replay_safe;       /* idempotent method, a key under an idempotency
@@ -43,11 +50,30 @@ typedef struct {
     int64_t deadline_ms;   /* the request's deadline on the same clock */
 } ric_retry_input_t;
 
+/* Why an attempt is, or is not, followed by another: the verdict's reason,
+ * with a name for logs and the access log ("not_retried"). */
+typedef enum {
+    RIC_RETRY_YES = 0,          /* "retry" */
+    RIC_RETRY_OFF,              /* "retries_off": retries off or RICOCHET_NO_RETRY=1 */
+    RIC_RETRY_RESPONSE_STARTED, /* "response_started": a byte went to the client */
+    RIC_RETRY_FINAL_STATUS,     /* "final_status": a status not in retry_on */
+    RIC_RETRY_CLASS_NOT_LISTED, /* "class_not_retried": a class not in retry_on */
+    RIC_RETRY_UNSAFE,           /* "unsafe_method": not replay-safe and it was sent */
+    RIC_RETRY_BODY_NOT_KEPT,    /* "body_not_replayable": the body streamed through */
+    RIC_RETRY_ATTEMPTS,         /* "attempts_exhausted" */
+    RIC_RETRY_DEADLINE,         /* "deadline": the wait would end past the deadline */
+    RIC_RETRY_BUDGET,           /* "budget_exhausted" */
+    RIC_RETRY_SHUTDOWN          /* "shutting_down": the worker is stopping */
+} ric_retry_reason_t;
+
 typedef struct {
-    int retry;          /* 1: make another attempt after wait_ms */
+    int retry;                 /* 1: make another attempt after wait_ms */
     int64_t wait_ms;
-    const char *reason; /* why not (or "retry"), for logs and the access log */
+    ric_retry_reason_t reason; /* RIC_RETRY_YES, or why not */
 } ric_retry_decision_t;
+
+/* The reason's name for logs: "unsafe_method", ... */
+const char *ric_retry_reason_name(ric_retry_reason_t reason);
 
 /* Whether RICOCHET_NO_RETRY=1 turned every retry off (read once at start). */
 extern int ric_retry_killed;

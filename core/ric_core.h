@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/types.h>
 
 #define RIC_VERSION "0.1.0"
@@ -40,7 +41,21 @@ typedef struct ric_http_chunked_s ric_http_chunked_t;
 typedef struct ric_conn_s ric_conn_t;
 typedef struct ric_buf_s ric_buf_t;
 typedef struct ric_worker_s ric_worker_t;
-typedef struct ric_proxy_s ric_proxy_t;
+typedef struct ric_request_s ric_request_t;
+typedef struct ric_attempt_s ric_attempt_t;
+typedef struct ric_http1_s ric_http1_t;
+typedef struct ric_upload_s ric_upload_t;
+
+/* A pending asynchronous operation of a request (a timer, a store's
+ * lookup...): the request's finalize cancels every one still pending, so
+ * a late callback never touches a freed request (request.h). */
+typedef struct ric_async_s ric_async_t;
+struct ric_async_s {
+    void (*cancel)(ric_async_t *a);
+    void *data;
+    ric_async_t *prev, *next;
+    int pending;
+};
 
 /* Checks our own invariants only; never input from a peer, config or script. */
 #define ric_assert(expr)                                                   \
@@ -63,9 +78,27 @@ char *ric_xstrdup(const char *s);
 #define ric_min(a, b) ((a) < (b) ? (a) : (b))
 #define ric_max(a, b) ((a) > (b) ? (a) : (b))
 
-/* Monotonic clock readings. */
+/* The one monotonic clock: every deadline and duration is read from it. */
 int64_t ric_now_ms(void);
 int64_t ric_now_us(void);
+
+/* A libevent timeout of ms milliseconds (negative: 0). */
+struct timeval ric_ms_to_tv(int64_t ms);
+
+/* A growable byte buffer (heads being built); owns data. */
+struct ric_buf_s {
+    u_char *data;
+    size_t len;
+    size_t size;
+};
+
+/* Appends n bytes (growing the buffer; aborts on out-of-memory). */
+void ric_buf_put(ric_buf_t *b, const void *p, size_t n);
+void ric_buf_puts(ric_buf_t *b, const char *s);
+void ric_buf_free(ric_buf_t *b);
+
+/* A random (version 4) UUID, lowercase, NUL-terminated in out[37]. */
+void ric_uuid_v4(char *out);
 
 /* Case-insensitive comparison of a span with a NUL-terminated lowercase literal. */
 int ric_str_eq_lower(ric_str_t s, const char *lower);

@@ -3,10 +3,6 @@
 #include "log.h"
 
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 /* Connection objects are reused, so a new upstream connection allocates
  * nothing once the worker is warm. */
@@ -62,8 +58,7 @@ ric_upconn_close(ric_upconn_t *c)
 {
     event_del(&c->rev);
     event_del(&c->wev);
-    close(c->fd);
-    c->fd = -1;
+    ric_io_close(&c->io);
     c->owner = NULL;
     c->next = free_conns;
     free_conns = c;
@@ -161,25 +156,12 @@ ric_upstream_report(ric_upstream_t *u, ric_peer_t *p, int failed, int64_t now)
     }
 }
 
-static struct timeval
-ms_tv(int64_t ms)
-{
-    struct timeval tv;
-
-    tv.tv_sec = (time_t) (ms / 1000);
-    tv.tv_usec = (suseconds_t) (ms % 1000) * 1000;
-    return tv;
-}
-
 /* An idle connection that becomes readable was closed by the upstream (or
  * got bytes nobody asked for): either way it can carry no request. */
 static void
 on_idle(ric_upconn_t *c, short what)
 {
-    char byte;
-
-    if (!(what & EV_TIMEOUT) && recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == -1
-        && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    if (!(what & EV_TIMEOUT) && ric_io_alive(&c->io)) {
         return;
     }
     idle_unlink(c);
@@ -214,18 +196,9 @@ ric_upconn_t *
 ric_upconn_connect(ric_upstream_t *u, ric_peer_t *p)
 {
     ric_upconn_t *c;
-    int fd, one = 1;
+    ric_io_t io;
 
-    fd = socket(p->conf->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd == -1) {
-        return NULL;
-    }
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(fd, (struct sockaddr *) &p->conf->addr, p->conf->addrlen) == -1
-        && errno != EINPROGRESS) {
-        int saved = errno;
-        close(fd);
-        errno = saved;
+    if (ric_io_connect(&io, (struct sockaddr *) &p->conf->addr, p->conf->addrlen) != RIC_OK) {
         return NULL;
     }
     if (free_conns != NULL) {
@@ -235,24 +208,18 @@ ric_upconn_connect(ric_upstream_t *u, ric_peer_t *p)
         c = ric_xmalloc(sizeof(*c));
     }
     memset(c, 0, sizeof(*c));
-    c->fd = fd;
+    c->io = io;
     c->peer = p;
     c->upstream = u;
-    event_assign(&c->rev, u->base, fd, EV_READ | EV_PERSIST, on_read_event, c);
-    event_assign(&c->wev, u->base, fd, EV_WRITE, on_write_event, c);
+    event_assign(&c->rev, u->base, io.fd, EV_READ | EV_PERSIST, on_read_event, c);
+    event_assign(&c->wev, u->base, io.fd, EV_WRITE, on_write_event, c);
     return c;
 }
 
 int
 ric_upconn_connect_result(ric_upconn_t *c)
 {
-    int err = 0;
-    socklen_t len = sizeof(err);
-
-    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) == -1) {
-        return errno;
-    }
-    return err;
+    return ric_io_connect_error(&c->io);
 }
 
 void
@@ -267,7 +234,7 @@ ric_upconn_own(ric_upconn_t *c, void *owner, ric_upconn_handler_pt on_read,
 void
 ric_upconn_read_timeout(ric_upconn_t *c, int64_t ms)
 {
-    struct timeval tv = ms_tv(ms);
+    struct timeval tv = ric_ms_to_tv(ms);
 
     /* re-adding an added event only moves its timer: no epoll_ctl; with
      * no time it would keep the old timer, which must go */
@@ -292,7 +259,7 @@ ric_upconn_reading(ric_upconn_t *c, int on, int64_t timeout_ms)
 void
 ric_upconn_want_write(ric_upconn_t *c, int64_t ms)
 {
-    struct timeval tv = ms_tv(ms);
+    struct timeval tv = ric_ms_to_tv(ms);
 
     if (ms > 0) {
         event_add(&c->wev, &tv);
@@ -307,8 +274,6 @@ ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p, int careful)
 {
     ric_upconn_t *c, *next;
     int64_t now = ric_now_ms();
-    char byte;
-    ssize_t n;
 
     for (c = u->idle; c; c = next) {
         next = c->next;
@@ -316,11 +281,6 @@ ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p, int careful)
             continue;
         }
         idle_unlink(c);
-        if (c->rev.ev_evcallback.evcb_flags & (EVLIST_ACTIVE | EVLIST_ACTIVE_LATER)) {
-            /* readable in this very loop turn: closed, or garbage */
-            ric_upconn_close(c);
-            continue;
-        }
         if (!careful && now - c->idle_since_ms < RIC_POOL_PEEK_AFTER_MS) {
             /* servers close idle connections after seconds, not at once
              * (and say so when they close after a response); a connection
@@ -328,8 +288,7 @@ ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p, int careful)
             return c;
         }
         /* the close may have arrived after the loop last looked */
-        n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (ric_io_alive(&c->io)) {
             return c;
         }
         ric_upconn_close(c);

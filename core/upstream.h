@@ -5,6 +5,7 @@
 #include "ric_core.h"
 #include "budget.h"
 #include "conf.h"
+#include "io.h"
 
 #include <event2/event.h>
 #include <event2/event_struct.h>
@@ -22,7 +23,7 @@ typedef struct {
 } ric_peer_t;
 
 /* A pooled connection idle for longer than this is checked with a
- * MSG_PEEK before it carries a request. */
+ * liveness peek before it carries a request. */
 #define RIC_POOL_PEEK_AFTER_MS 1000
 
 typedef void (*ric_upconn_handler_pt)(ric_upconn_t *uc, short what);
@@ -31,7 +32,7 @@ typedef void (*ric_upconn_handler_pt)(ric_upconn_t *uc, short what);
  * the connection's whole life, in use and idle alike, so handing it between
  * the pool and a request costs no system call. */
 struct ric_upconn_s {
-    int fd;
+    ric_io_t io;
     ric_peer_t *peer;
     ric_upstream_t *upstream;
     struct event rev; /* EV_READ | EV_PERSIST, always added */

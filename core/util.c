@@ -1,8 +1,10 @@
 /* util.c: allocation wrappers, assertion failure and small string helpers. */
 #include "ric_core.h"
 
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 int64_t
 ric_now_us(void)
@@ -17,6 +19,19 @@ int64_t
 ric_now_ms(void)
 {
     return ric_now_us() / 1000;
+}
+
+struct timeval
+ric_ms_to_tv(int64_t ms)
+{
+    struct timeval tv;
+
+    if (ms < 0) {
+        ms = 0;
+    }
+    tv.tv_sec = (time_t) (ms / 1000);
+    tv.tv_usec = (suseconds_t) (ms % 1000) * 1000;
+    return tv;
 }
 
 void
@@ -86,4 +101,59 @@ ric_str_eq_lower(ric_str_t s, const char *lower)
         }
     }
     return lower[i] == '\0';
+}
+
+void
+ric_buf_put(ric_buf_t *b, const void *p, size_t n)
+{
+    if (b->len + n > b->size) {
+        b->size = ric_max(b->size * 2, b->len + n + 256);
+        b->data = ric_xrealloc(b->data, b->size);
+    }
+    if (n > 0) {
+        memcpy(b->data + b->len, p, n);
+    }
+    b->len += n;
+}
+
+void
+ric_buf_puts(ric_buf_t *b, const char *s)
+{
+    ric_buf_put(b, s, strlen(s));
+}
+
+void
+ric_buf_free(ric_buf_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->size = 0;
+}
+
+void
+ric_uuid_v4(char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char b[16];
+    int i, o = 0;
+
+    if (RAND_bytes(b, sizeof(b)) != 1) {
+        /* OpenSSL's generator failed: the time and the pid still make a
+         * key that is unique enough to dedupe on, never a crash */
+        int64_t t = ric_now_us();
+        pid_t pid = getpid();
+        memset(b, 0, sizeof(b));
+        memcpy(b, &t, sizeof(t));
+        memcpy(b + 8, &pid, sizeof(pid));
+    }
+    b[6] = (unsigned char) ((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char) ((b[8] & 0x3f) | 0x80);
+    for (i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) {
+            out[o++] = '-';
+        }
+        out[o++] = hex[b[i] >> 4];
+        out[o++] = hex[b[i] & 0xf];
+    }
+    out[o] = '\0';
 }

@@ -138,8 +138,7 @@ begin_graceful_shutdown(ric_worker_t *w)
         event_base_loopbreak(w->base);
         return;
     }
-    tv.tv_sec = (time_t) (w->conf->worker_shutdown_timeout / 1000);
-    tv.tv_usec = (suseconds_t) (w->conf->worker_shutdown_timeout % 1000) * 1000;
+    tv = ric_ms_to_tv(w->conf->worker_shutdown_timeout);
     event_add(w->shutdown_timer, &tv);
 }
 

@@ -492,7 +492,7 @@ describe("proxying through a shared gateway", function()
         local sent = {
             { "Authorization", "Bearer s3cr3t-token" }, { "Cookie", "a=1; b=2" }, { "Accept", "*/*" },
             { "X-Dup", "1" }, { "x-dup", "2" }, { "X-Empty", "" }, { "Accept-Encoding", "gzip" },
-            { "If-None-Match", '"etag"' }, { "X-Weird_Name", "v a l" },
+            { "If-None-Match", '"etag"' }, { "X-Spaced", "v a l" },
         }
         local resp, err = H.request(gw.port, { path = "/all?q=%20x", headers = sent })
         assert.truthy(resp, ctx(gw, err))

@@ -83,7 +83,7 @@ main(void)
     in.replay_safe = 0;
     d = decide(&p, &in, NULL);
     UNIT_CHECK_INT(d.retry, 0);
-    UNIT_CHECK_STR(d.reason, "not replay-safe");
+    UNIT_CHECK_STR(ric_retry_reason_name(d.reason), "unsafe_method");
     in.class = RIC_CLASS_RESET;
     UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
     in.class = RIC_CLASS_TIMEOUT;
@@ -103,7 +103,7 @@ main(void)
     in.deadline_ms = in.now_ms + 250; /* ends exactly at the deadline */
     d = decide(&p, &in, NULL);
     UNIT_CHECK_INT(d.retry, 0);
-    UNIT_CHECK_STR(d.reason, "deadline");
+    UNIT_CHECK_STR(ric_retry_reason_name(d.reason), "deadline");
     in.deadline_ms = in.now_ms + 251;
     UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
 
@@ -112,7 +112,7 @@ main(void)
     in.response_started = 1;
     d = decide(&p, &in, NULL);
     UNIT_CHECK_INT(d.retry, 0);
-    UNIT_CHECK_STR(d.reason, "response started");
+    UNIT_CHECK_STR(ric_retry_reason_name(d.reason), "response_started");
     in.class = RIC_CLASS_CONNECT_ERROR;
     UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
 
@@ -121,7 +121,7 @@ main(void)
     in.status = 500;
     d = decide(&p, &in, NULL);
     UNIT_CHECK_INT(d.retry, 0);
-    UNIT_CHECK_STR(d.reason, "final status");
+    UNIT_CHECK_STR(ric_retry_reason_name(d.reason), "final_status");
     in.status = 404;
     UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
     in.status = 429;
@@ -132,7 +132,7 @@ main(void)
     in.attempt = 4;
     UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 1);
     in.attempt = 5;
-    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "attempts exhausted");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "attempts_exhausted");
     p.attempts = 1;
     in.attempt = 1;
     UNIT_CHECK_INT(decide(&p, &in, NULL).retry, 0);
@@ -145,15 +145,15 @@ main(void)
     UNIT_CASE("a body not held for replay is sent once");
     in = input();
     in.body_replayable = 0;
-    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "body not replayable");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "body_not_replayable");
 
     UNIT_CASE("kill switches");
     in = input();
     p.enabled = 0;
-    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "retries off");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "retries_off");
     p.enabled = 1;
     ric_retry_killed = 1;
-    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "retries off");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "retries_off");
     ric_retry_killed = 0;
 
     UNIT_CASE("Retry-After up to retry_after_max is the wait; longer falls back to backoff");
@@ -167,7 +167,7 @@ main(void)
     UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 250);
     in.retry_after_ms = 20000;
     in.deadline_ms = in.now_ms + 10000; /* honoured, but never past the deadline */
-    UNIT_CHECK_STR(decide(&p, &in, NULL).reason, "deadline");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "deadline");
 
     UNIT_CASE("full jitter draws from [0, w) through the injected source");
     p.backoff.jitter = RIC_JITTER_FULL;
@@ -184,10 +184,10 @@ main(void)
     UNIT_CASE("the budget is asked last, and only for retries");
     ric_budget_init(&budget, 0.0, 0); /* no retries at all */
     in = input();
-    UNIT_CHECK_STR(decide(&p, &in, &budget).reason, "budget exhausted");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "budget_exhausted");
     UNIT_CHECK_INT(budget.exhausted, 1);
     in.status = 404;
-    UNIT_CHECK_STR(decide(&p, &in, &budget).reason, "final status");
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "final_status");
     UNIT_CHECK_INT(budget.exhausted, 1);
     ric_budget_init(&budget, 0.5, 0);
     for (i = 0; i < 4; i++) {

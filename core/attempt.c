@@ -1,0 +1,567 @@
+/* attempt.c: the attempts phase: start a try, time it, and end every try in one attempt-done entry (health, classify, decide, count, then wait, deliver or give up). */
+#include "attempt.h"
+#include "headers.h"
+#include "log.h"
+#include "request.h"
+#include "respond.h"
+#include "retry_after.h"
+#include "upstream_request.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <time.h>
+
+#define DRAIN_GRACE_MS 1000 /* a dropped response still arriving may hold the retry this long */
+
+static void attempt_start(ric_request_t *r);
+static void record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status);
+static void attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what);
+
+/* --- the client's callbacks ------------------------------------------------ */
+
+static void
+on_failed(ric_http1_t *h, unsigned class, int err, const char *what)
+{
+    attempt_done(h->data, class, err, what);
+}
+
+static void
+on_head(ric_http1_t *h)
+{
+    ric_attempt_t *u = h->data;
+
+    if (h->early_answer) {
+        ric_request_body_unwanted(u->r);
+    }
+    attempt_done(u, RIC_CLASS_STATUS, 0, NULL);
+}
+
+static void
+on_sent(ric_http1_t *h)
+{
+    ric_attempt_t *u = h->data;
+    ric_request_t *r = u->r;
+    int64_t ms;
+    struct timeval tv;
+
+    if (r->body_mode != RIC_REQ_BODY_STREAM) {
+        return;
+    }
+    /* the client's upload pace is not the upstream's: the deadline and
+     * per_try_timeout count from the end of a streamed body */
+    r->deadline_ms = ric_now_ms() + r->deadline_span_ms;
+    ms = ric_min(r->settings->per_try_timeout, r->deadline_span_ms);
+    tv = ric_ms_to_tv(ric_max(ms, (int64_t) 1));
+    event_add(&u->try_timer, &tv);
+}
+
+static void
+on_upload_room(ric_http1_t *h)
+{
+    ric_attempt_t *u = h->data;
+
+    ric_request_upload_room(u->r);
+}
+
+static void
+on_body(ric_http1_t *h)
+{
+    ric_attempt_t *u = h->data;
+
+    ric_respond_relay(u->r);
+}
+
+static void
+on_body_failed(ric_http1_t *h, int err, const char *what)
+{
+    ric_attempt_t *u = h->data;
+
+    ric_respond_broken(u->r, err, what);
+}
+
+static void attempt_free(ric_attempt_t *u);
+static void drain_over(ric_attempt_t *u, int whole);
+
+static void
+on_drained(ric_http1_t *h, int whole)
+{
+    drain_over(h->data, whole);
+}
+
+static const ric_http1_handler_t handler = {
+    on_failed, on_head, on_sent, on_upload_room, on_body, on_body_failed, on_drained
+};
+
+/* --- setting up ------------------------------------------------------------ */
+
+/* The retry policy, the deadline and what makes this request safe to
+ * repeat (DESIGN §1.1, §1.2, §4). */
+static void
+setup(ric_request_t *r)
+{
+    const ric_http_settings_t *s = r->settings;
+    const ric_http_refs_t *refs = &r->location->refs;
+    const u_char *in = r->c->in;
+    int64_t now = ric_now_ms(), client_ms;
+    ric_str_t v;
+
+    r->policy.enabled = s->retries == 1;
+    r->policy.attempts = s->retry_attempts;
+    r->policy.backoff.initial_ms = s->retry_backoff_initial;
+    r->policy.backoff.max_ms = s->retry_backoff_max;
+    r->policy.backoff.factor = (double) s->retry_backoff_factor_milli / 1000.0;
+    r->policy.backoff.jitter = (ric_jitter_t) s->retry_backoff_jitter;
+    r->policy.retry_after_max_ms = s->retry_after_max;
+    r->policy.retry_on = refs->retry_on;
+
+    r->deadline_span_ms = s->retry_timeout;
+    v = ric_headers_find(in, r->msg, refs->client_deadline_header);
+    if (v.data != NULL) {
+        if (ric_retry_parse_deadline(v.data, v.len, &client_ms) == RIC_OK) {
+            r->deadline_span_ms = ric_min(r->deadline_span_ms, client_ms);
+        } else {
+            ric_log_error(RIC_LOG_INFO, 0, "ignoring an invalid %s \"%.*s\", client: %s",
+                          refs->client_deadline_header, (int) ric_min(v.len, (size_t) 64),
+                          v.data, r->c->peer);
+        }
+    }
+    r->deadline_ms = now + r->deadline_span_ms;
+
+    r->replay_safe = r->replay_safe || ric_retry_method_idempotent((int) r->msg->method);
+    if (s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
+        v = ric_headers_find(in, r->msg, refs->idempotency_key_header);
+        if (v.data != NULL && v.len > 0
+            && ric_headers_count(in, r->msg, refs->idempotency_key_header) == 1) {
+            r->replay_safe = 1; /* the route's contract: its upstream honours keys */
+        } else if (s->idempotency_key == RIC_IDEMPOTENCY_AUTO && !r->replay_safe) {
+            ric_uuid_v4(r->minted_key);
+            r->replay_safe = 1;
+        }
+    }
+    r->body_replayable = r->body_mode != RIC_REQ_BODY_STREAM
+                         && ric_body_size(&r->body) <= (uint64_t) s->retry_body_max;
+
+    r->up->budget.ratio = (double) s->retry_budget_permille / 1000.0;
+    r->up->budget.min_per_sec = s->retry_budget_min;
+    ric_budget_request(&r->up->budget, now);
+}
+
+/* --- attempts and waits ---------------------------------------------------- */
+
+static void
+attempt_free(ric_attempt_t *u)
+{
+    if (u == NULL) {
+        return;
+    }
+    event_del(&u->try_timer);
+    ric_http1_free(&u->client);
+    free(u);
+}
+
+static void
+wait_stop(ric_request_t *r)
+{
+    ric_attempts_t *a = &r->attempts;
+
+    a->waiting = 0;
+    event_del(&a->wait_timer);
+    ric_request_async_end(r, &a->wait_async);
+}
+
+static void
+wait_start(ric_request_t *r, int64_t ms)
+{
+    ric_attempts_t *a = &r->attempts;
+    struct timeval tv = ric_ms_to_tv(ms);
+
+    event_add(&a->wait_timer, &tv);
+    ric_request_async_begin(r, &a->wait_async);
+}
+
+/* Every attempt, the kept response and the wait: released at finalize. */
+static void
+attempts_cleanup(void *data)
+{
+    ric_request_t *r = data;
+    ric_attempts_t *a = &r->attempts;
+
+    if (r->end == RIC_END_CLIENT_GONE && a->current != NULL) {
+        record_attempt(r, a->current, "client_closed", 0); /* the attempt under way */
+    }
+    if (r->log.upstream == NULL && (a->current != NULL || a->prev_peer != NULL)) {
+        r->log.upstream = (a->current ? a->current->client.peer : a->prev_peer)->conf->addr_text;
+    }
+    wait_stop(r);
+    attempt_free(a->current);
+    attempt_free(a->kept);
+    attempt_free(a->draining);
+    if (r->answer != a->current && r->answer != a->kept && r->answer != a->draining) {
+        attempt_free(r->answer);
+    }
+    a->current = a->kept = a->draining = r->answer = NULL;
+    ric_buf_free(&a->head);
+}
+
+static void
+cancel_wait(ric_async_t *async)
+{
+    ric_request_t *r = async->data;
+
+    event_del(&r->attempts.wait_timer);
+}
+
+static void
+arm_try_timer(ric_attempt_t *u)
+{
+    ric_request_t *r = u->r;
+    int64_t ms = ric_min(r->settings->per_try_timeout,
+                         ric_max(r->deadline_ms - ric_now_ms(), (int64_t) 1));
+    struct timeval tv = ric_ms_to_tv(ms);
+
+    event_add(&u->try_timer, &tv);
+}
+
+static void
+on_try_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    ric_attempt_t *u = arg;
+
+    (void) fd;
+    (void) what;
+    attempt_done(u, u->client.state == RIC_HTTP1_CONNECTING ? RIC_CLASS_CONNECT_ERROR
+                                                           : RIC_CLASS_TIMEOUT,
+                 0, "upstream timed out (per_try_timeout)");
+}
+
+static void
+attempt_start(ric_request_t *r)
+{
+    ric_attempts_t *a = &r->attempts;
+    const ric_http_settings_t *s = r->settings;
+    ric_attempt_t *u;
+    ric_peer_t *peer;
+
+    /* a dropped response still arriving missed its chance */
+    attempt_free(a->draining);
+    a->draining = NULL;
+    a->drain_extended = 0;
+    a->waiting = 0;
+
+    u = ric_xcalloc(1, sizeof(*u));
+    u->r = r;
+    u->number = ++a->count;
+    u->wait_us = a->wait_us;
+    a->current = u;
+    ric_upstream_request_build(r, u->number, &a->head);
+    u->start_us = ric_now_us();
+    peer = ric_upstream_pick(r->up, a->prev_peer, ric_now_ms());
+    ric_http1_init(&u->client, &handler, u, r->up, r->msg->method);
+    u->client.connect_timeout = s->proxy_connect_timeout;
+    u->client.send_timeout = s->proxy_send_timeout;
+    u->client.read_timeout = s->proxy_read_timeout;
+    evtimer_assign(&u->try_timer, r->c->worker->base, on_try_timeout, u);
+    if (r->body_mode != RIC_REQ_BODY_STREAM) {
+        arm_try_timer(u); /* a streamed body's clock starts when it has been sent */
+    }
+    /* a request that cannot be retried takes no chances with a pooled
+     * connection: it is checked even when it was idle only a moment */
+    if (ric_http1_start(&u->client, peer, !(r->replay_safe && r->body_replayable),
+                        a->head.data, a->head.len, &r->body,
+                        r->body_mode == RIC_REQ_BODY_STREAM ? &r->upload : NULL)
+        != RIC_OK) {
+        attempt_done(u, RIC_CLASS_CONNECT_ERROR, errno, "connect() failed");
+    }
+}
+
+static void
+on_wait_done(evutil_socket_t fd, short what, void *arg)
+{
+    ric_request_t *r = arg;
+    ric_attempts_t *a = &r->attempts;
+    int64_t grace, now = ric_now_ms();
+
+    (void) fd;
+    (void) what;
+    ric_request_async_end(r, &a->wait_async);
+    if ((a->waiting || a->count == 0) && now >= r->deadline_ms) {
+        /* a client that allowed no time at all gets its 504 without
+         * bothering the upstream */
+        ric_attempts_give_up(r, 504, RIC_RETRY_DEADLINE);
+        return;
+    }
+    if (a->draining != NULL && !a->drain_extended) {
+        /* the dropped response is still arriving: give it a little longer,
+         * never more than half of what is left before the deadline */
+        grace = ric_min((int64_t) DRAIN_GRACE_MS, (r->deadline_ms - now) / 2);
+        if (grace > 0) {
+            a->drain_extended = 1;
+            wait_start(r, grace);
+            return;
+        }
+    }
+    attempt_start(r);
+}
+
+/* A response dropped for a retry was read to its end (whole) or given up. */
+static void
+drain_over(ric_attempt_t *u, int whole)
+{
+    ric_request_t *r = u->r;
+    ric_attempts_t *a = &r->attempts;
+
+    a->draining = NULL;
+    if (whole) {
+        attempt_free(a->kept);
+        a->kept = u;
+    } else {
+        attempt_free(u);
+    }
+    if (a->drain_extended) {
+        /* the wait was over and only this read held the retry back */
+        wait_stop(r);
+        attempt_start(r);
+    }
+}
+
+static void
+record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status)
+{
+    ric_access_entry_t *e = &r->log;
+    ric_attempt_record_t *rec;
+
+    e->attempts_total++;
+    if (e->nattempts >= RIC_MAX_ATTEMPTS) {
+        /* a long schedule keeps its first attempts and its latest one */
+        e->nattempts = RIC_MAX_ATTEMPTS - 1;
+    }
+    rec = &e->attempts[e->nattempts++];
+    rec->server = u->client.peer ? u->client.peer->conf->addr_text : NULL;
+    rec->class = class;
+    rec->status = status;
+    rec->duration_us = ric_now_us() - u->start_us;
+    rec->wait_us = u->wait_us;
+}
+
+/* The route script's classify refines this (issue 9): for now the
+ * built-in word, retry_on, decides. */
+static int
+classify(ric_request_t *r, ric_attempt_t *u, unsigned class)
+{
+    (void) r;
+    (void) u;
+    (void) class;
+    return RIC_CLASSIFY_DEFAULT;
+}
+
+static const char *
+doing(const ric_attempt_t *u)
+{
+    switch (u->client.state) {
+    case RIC_HTTP1_CONNECTING:
+        return "connecting to upstream";
+    case RIC_HTTP1_SENDING:
+        return "sending the request to upstream";
+    default:
+        return "reading the response head from upstream";
+    }
+}
+
+/* The response of u is the answer. */
+static void
+deliver(ric_attempt_t *u)
+{
+    ric_request_t *r = u->r;
+    ric_attempts_t *a = &r->attempts;
+
+    if (a->current == u) {
+        a->current = NULL;
+    } else if (a->kept == u) {
+        a->kept = NULL;
+    }
+    attempt_free(a->kept);
+    attempt_free(a->draining);
+    a->kept = a->draining = NULL;
+    wait_stop(r);
+    r->answer = u;
+    r->log.upstream = u->client.peer->conf->addr_text;
+    ric_request_resume(r);
+}
+
+void
+ric_attempts_give_up(ric_request_t *r, int status, ric_retry_reason_t why)
+{
+    ric_attempts_t *a = &r->attempts;
+    ric_attempt_t *kept = a->kept;
+
+    wait_stop(r);
+    r->not_retried = why;
+    if (a->count > 0) {
+        ric_log_error(RIC_LOG_INFO, 0, "giving up after %d attempt%s (%s), client: %s", a->count,
+                      a->count > 1 ? "s" : "", ric_retry_reason_name(why), r->c->peer);
+    }
+    if (kept != NULL && ric_http1_read_body(&kept->client, kept->client.resp.body
+                                            == RIC_BODY_CHUNKED && r->msg->version == 10)
+                            == RIC_OK) {
+        ric_log_error(RIC_LOG_INFO, 0, "passing on the last response (%d) after %d attempts, "
+                      "client: %s", kept->client.resp.status, a->count, r->c->peer);
+        deliver(kept);
+        return;
+    }
+    if (a->prev_peer != NULL) {
+        r->log.upstream = a->prev_peer->conf->addr_text; /* the last one tried, as nginx logs it */
+    }
+    ric_request_answer(r, status, 0);
+    ric_request_resume(r);
+}
+
+/* The one end of every attempt: passive health, classification, the
+ * decision, the attempt log, then a wait and a retry, the answer, or the
+ * end of trying. */
+static void
+attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
+{
+    ric_request_t *r = u->r;
+    ric_attempts_t *a = &r->attempts;
+    ric_http1_t *h = &u->client;
+    ric_retry_input_t in;
+    ric_retry_decision_t d;
+    int64_t now = ric_now_ms();
+    int status = class == RIC_CLASS_STATUS ? h->resp.status : 0, failed, rc;
+    ric_str_t ra;
+
+    event_del(&u->try_timer);
+    if (class != RIC_CLASS_STATUS) {
+        ric_log_error(RIC_LOG_ERR, err, "%s while %s, client: %s, upstream: %s, attempt: %d",
+                      what, doing(u), r->c->peer, h->peer->conf->addr_text, u->number);
+    }
+
+    /* health: a status in retry_on counts against the server, as a failure */
+    failed = class != RIC_CLASS_STATUS
+             || ric_retry_on_match(r->policy.retry_on, RIC_CLASS_STATUS, status);
+    ric_upstream_report(r->up, h->peer, failed, now);
+
+    memset(&in, 0, sizeof(in));
+    in.class = class;
+    in.classified = classify(r, u, class);
+    in.status = status;
+    in.attempt = u->number;
+    in.replay_safe = r->replay_safe;
+    in.body_replayable = r->body_replayable;
+    in.now_ms = now;
+    in.deadline_ms = r->deadline_ms;
+    if (class == RIC_CLASS_STATUS) {
+        ra = ric_http_field(&h->resp, h->buf, "retry-after");
+        if (ra.data != NULL
+            && ric_retry_after_parse(ra.data, ra.len, time(NULL), &in.retry_after_ms) == RIC_OK) {
+            in.has_retry_after = 1;
+        }
+    }
+    d = ric_retry_decide(&r->policy, &in, &r->up->budget, ric_backoff_rand, NULL);
+
+    if (!d.retry && class == RIC_CLASS_STATUS
+        && ric_http1_read_body(h, h->resp.body == RIC_BODY_CHUNKED && r->msg->version == 10)
+               != RIC_OK) {
+        /* nothing has reached the client yet: it gets a clean answer */
+        attempt_done(u, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
+        return;
+    }
+    record_attempt(r, u, ric_retry_class_name(class), status);
+    a->prev_peer = h->peer;
+
+    if (d.retry) {
+        ric_log_error(RIC_LOG_WARN, 0, "retrying after %s %d: attempt %d%s%lld in %lldms, "
+                      "client: %s, upstream: %s", ric_retry_class_name(class),
+                      status, u->number + 1, r->policy.attempts ? "/" : "",
+                      (long long) r->policy.attempts, (long long) d.wait_ms, r->c->peer,
+                      h->peer->conf->addr_text);
+        a->current = NULL;
+        rc = class == RIC_CLASS_STATUS ? ric_http1_drop(h) : -1;
+        if (rc == 1) {
+            attempt_free(a->kept); /* an answer of last resort, if no response follows */
+            a->kept = u;
+        } else if (rc == 0) {
+            a->draining = u;
+        } else {
+            attempt_free(u);
+        }
+        a->waiting = 1;
+        a->wait_us = d.wait_ms * 1000;
+        a->wait_until_ms = now + d.wait_ms;
+        wait_start(r, d.wait_ms);
+        return;
+    }
+
+    if (class == RIC_CLASS_STATUS) {
+        if (u->number > 1 || d.reason != RIC_RETRY_FINAL_STATUS) {
+            ric_log_error(RIC_LOG_INFO, 0, "passing on %d from upstream after %d attempt%s (%s), "
+                          "client: %s", status, u->number, u->number > 1 ? "s" : "",
+                          ric_retry_reason_name(d.reason), r->c->peer);
+        }
+        if (d.reason != RIC_RETRY_FINAL_STATUS) {
+            r->not_retried = d.reason;
+        }
+        deliver(u);
+        return;
+    }
+    a->current = NULL;
+    attempt_free(u);
+    ric_attempts_give_up(r, class == RIC_CLASS_TIMEOUT
+                            || (class == RIC_CLASS_CONNECT_ERROR && err == 0) ? 504 : 502,
+                         d.reason);
+}
+
+/* --- the phase ------------------------------------------------------------- */
+
+int
+ric_attempts_phase(ric_request_t *r)
+{
+    ric_attempts_t *a = &r->attempts;
+
+    if (r->up == NULL) {
+        return ric_request_answer(r, 404, 0); /* the route does not proxy */
+    }
+    if (!a->started) {
+        a->started = 1;
+        setup(r);
+        evtimer_assign(&a->wait_timer, r->c->worker->base, on_wait_done, r);
+        a->wait_async.cancel = cancel_wait;
+        a->wait_async.data = r;
+        ric_request_cleanup_add(r, attempts_cleanup, r);
+        /* the first attempt starts from the loop, not from inside the
+         * client's read: a request that ends at once must not answer, and
+         * move the connection on, underneath the caller */
+        event_active(&a->wait_timer, EV_TIMEOUT, 1);
+        ric_request_async_begin(r, &a->wait_async);
+        return RIC_AGAIN;
+    }
+    if (r->answer != NULL) {
+        return RIC_OK;
+    }
+    return r->own_answer ? RIC_DONE : RIC_AGAIN;
+}
+
+void
+ric_attempts_upload_kick(ric_request_t *r)
+{
+    if (r->attempts.current != NULL) {
+        ric_http1_upload_kick(&r->attempts.current->client);
+    }
+}
+
+void
+ric_attempts_stop(ric_request_t *r)
+{
+    attempts_cleanup(r);
+}
+
+void
+ric_attempts_shutdown(ric_request_t *r, int64_t deadline_ms)
+{
+    ric_attempts_t *a = &r->attempts;
+
+    r->deadline_ms = ric_min(r->deadline_ms, deadline_ms);
+    if (a->waiting && a->wait_until_ms >= r->deadline_ms) {
+        ric_attempts_give_up(r, 502, RIC_RETRY_SHUTDOWN);
+    }
+}

@@ -1,0 +1,57 @@
+/* attempt.h: the attempts phase: one try at a time, each ending in the one attempt-done entry. */
+#ifndef RIC_ATTEMPT_H
+#define RIC_ATTEMPT_H
+
+#include "ric_core.h"
+#include "http1_client.h"
+#include "retry.h"
+
+#include <event2/event_struct.h>
+
+/* One try: made per attempt, torn down whole before the next begins
+ * (unless its whole response is kept as the answer of last resort). */
+struct ric_attempt_s {
+    ric_request_t *r;
+    int number;          /* from 1 */
+    ric_http1_t client;  /* the exchange with the upstream server */
+    struct event try_timer; /* per_try_timeout, bounded by the deadline */
+    int64_t start_us;
+    int64_t wait_us;     /* the wait before it */
+};
+
+/* The attempts phase's state, kept in the request across tries. */
+typedef struct {
+    int started;
+    int count;                /* attempts started */
+    ric_attempt_t *current;   /* NULL while waiting */
+    ric_attempt_t *kept;      /* the last whole response dropped for a retry */
+    ric_attempt_t *draining;  /* a dropped response still arriving during the wait */
+    ric_peer_t *prev_peer;    /* a retry prefers another server */
+    ric_buf_t head;           /* the request head, rebuilt per attempt */
+    struct event wait_timer;  /* the backoff before the next attempt */
+    ric_async_t wait_async;   /* the wait, as the request's pending operation */
+    int waiting;
+    int drain_extended;       /* the wait ended; the drain got a grace period */
+    int64_t wait_until_ms;
+    int64_t wait_us;
+} ric_attempts_t;
+
+/* The phase (request.c's table): sets up the retry policy and the
+ * deadline, then runs attempts until an answer is chosen. */
+int ric_attempts_phase(ric_request_t *r);
+
+/* More of a streamed upload was staged for the current attempt. */
+void ric_attempts_upload_kick(ric_request_t *r);
+
+/* The upload broke (the client's body): no attempt follows. */
+void ric_attempts_stop(ric_request_t *r);
+
+/* No further attempt (why): the response kept from an earlier one is the
+ * answer, else the gateway's own status. */
+void ric_attempts_give_up(ric_request_t *r, int status, ric_retry_reason_t why);
+
+/* The worker stops gracefully: no attempt starts after deadline_ms, and a
+ * wait past it ends now with the answer at hand. */
+void ric_attempts_shutdown(ric_request_t *r, int64_t deadline_ms);
+
+#endif /* RIC_ATTEMPT_H */

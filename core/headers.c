@@ -1,0 +1,100 @@
+/* headers.c: field lookups and the hop-by-hop rule, shared by the request sent upstream and the response sent back. */
+#include "headers.h"
+
+int
+ric_str_eq_nocase(ric_str_t a, ric_str_t b)
+{
+    size_t i;
+
+    if (a.len != b.len) {
+        return 0;
+    }
+    for (i = 0; i < a.len; i++) {
+        if ((a.data[i] | 0x20) != (b.data[i] | 0x20)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static ric_str_t
+cstr(const char *s)
+{
+    ric_str_t v = { (const u_char *) s, s ? strlen(s) : 0 };
+    return v;
+}
+
+ric_str_t
+ric_headers_find(const u_char *buf, const ric_http_msg_t *m, const char *name)
+{
+    ric_str_t want = cstr(name), none = ric_null_string;
+    unsigned i;
+
+    if (want.len == 0) {
+        return none;
+    }
+    for (i = 0; i < m->nfields; i++) {
+        if (ric_str_eq_nocase(ric_field_name(buf, m, i), want)) {
+            return ric_field_value(buf, m, i);
+        }
+    }
+    return none;
+}
+
+int
+ric_headers_count(const u_char *buf, const ric_http_msg_t *m, const char *name)
+{
+    ric_str_t want = cstr(name);
+    unsigned i;
+    int n = 0;
+
+    for (i = 0; i < m->nfields; i++) {
+        n += ric_str_eq_nocase(ric_field_name(buf, m, i), want);
+    }
+    return n;
+}
+
+/* Whether the comma-separated list v names name. */
+static int
+list_has(ric_str_t v, ric_str_t name)
+{
+    const u_char *s = v.data, *e = v.data + v.len, *start;
+    ric_str_t tok;
+
+    while (s < e) {
+        while (s < e && (*s == ',' || *s == ' ' || *s == '\t')) {
+            s++;
+        }
+        start = s;
+        while (s < e && *s != ',' && *s != ' ' && *s != '\t') {
+            s++;
+        }
+        tok.data = start;
+        tok.len = (size_t) (s - start);
+        if (tok.len > 0 && ric_str_eq_nocase(tok, name)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int
+ric_headers_hop_by_hop(const u_char *buf, const ric_http_msg_t *m, ric_str_t name)
+{
+    unsigned i;
+
+    if (ric_str_eq_lower(name, "connection") || ric_str_eq_lower(name, "keep-alive")
+        || ric_str_eq_lower(name, "te") || ric_str_eq_lower(name, "trailer")
+        || ric_str_eq_lower(name, "upgrade") || ric_str_eq_lower(name, "proxy-connection")
+        || ric_str_eq_lower(name, "proxy-authenticate")
+        || ric_str_eq_lower(name, "proxy-authorization")) {
+        return 1;
+    }
+    for (i = 0; i < m->nfields; i++) {
+        if (ric_str_eq_lower(ric_field_name(buf, m, i), "connection")
+            && list_has(ric_field_value(buf, m, i), name)) {
+            return 1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,36 @@
+/* headers.h: field names and values of a parsed message: lookups, and which fields are hop-by-hop. */
+#ifndef RIC_HEADERS_H
+#define RIC_HEADERS_H
+
+#include "ric_core.h"
+#include "http_parse.h"
+
+/* Case-insensitive equality of two spans (ASCII). */
+int ric_str_eq_nocase(ric_str_t a, ric_str_t b);
+
+/* The name and the value of field i of m, parsed from buf. */
+static inline ric_str_t
+ric_field_name(const u_char *buf, const ric_http_msg_t *m, unsigned i)
+{
+    return ric_http_span(buf, m->fields[i].name_off, m->fields[i].name_len);
+}
+
+static inline ric_str_t
+ric_field_value(const u_char *buf, const ric_http_msg_t *m, unsigned i)
+{
+    return ric_http_span(buf, m->fields[i].value_off, m->fields[i].value_len);
+}
+
+/* The first field named name (any case; NULL or "" finds nothing);
+ * .data == NULL when absent. */
+ric_str_t ric_headers_find(const u_char *buf, const ric_http_msg_t *m, const char *name);
+
+/* How many fields are named name (any case). */
+int ric_headers_count(const u_char *buf, const ric_http_msg_t *m, const char *name);
+
+/* Whether a field named name must not be forwarded by a proxy (RFC 9110
+ * §7.6.1): the fixed hop-by-hop names, and every name m's Connection
+ * fields list, however many they are. */
+int ric_headers_hop_by_hop(const u_char *buf, const ric_http_msg_t *m, ric_str_t name);
+
+#endif /* RIC_HEADERS_H */

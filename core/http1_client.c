@@ -1,0 +1,519 @@
+/* http1_client.c: the upstream side of an exchange as plain I/O: connect, send, read the head, frame the body. */
+#include "http1_client.h"
+#include "retry.h"
+
+#include <errno.h>
+
+static void on_read(ric_upconn_t *uc, short what);
+static void on_write(ric_upconn_t *uc, short what);
+
+void
+ric_http1_init(ric_http1_t *h, const ric_http1_handler_t *handler, void *data,
+               ric_upstream_t *up, ric_http_method_t method)
+{
+    memset(h, 0, sizeof(*h));
+    h->handler = handler;
+    h->data = data;
+    h->up = up;
+    h->method = method;
+    ric_http_msg_init(&h->resp);
+}
+
+int
+ric_http1_start(ric_http1_t *h, ric_peer_t *peer, int careful, const u_char *req,
+                size_t req_len, const ric_body_t *body, ric_upload_t *upload)
+{
+    h->peer = peer;
+    h->req = req;
+    h->req_len = req_len;
+    h->body = body;
+    h->upload = upload;
+    if (h->buf == NULL) {
+        h->buf = ric_xmalloc(RIC_HTTP1_BUF_SIZE);
+    }
+    h->uc = ric_upstream_pool_get(h->up, peer, careful);
+    if (h->uc != NULL) {
+        h->reused = 1;
+        ric_upconn_own(h->uc, h, on_read, on_write);
+        ric_upconn_read_timeout(h->uc, 0); /* the idle timeout no longer applies */
+        h->state = RIC_HTTP1_SENDING;
+        /* sent from the loop, so that no callback runs inside this call */
+        event_active(&h->uc->wev, EV_WRITE, 1);
+        return RIC_OK;
+    }
+    h->uc = ric_upconn_connect(h->up, peer);
+    if (h->uc == NULL) {
+        if (errno == 0) {
+            errno = ECONNREFUSED;
+        }
+        return RIC_ERROR;
+    }
+    h->state = RIC_HTTP1_CONNECTING;
+    ric_upconn_own(h->uc, h, on_read, on_write);
+    ric_upconn_read_timeout(h->uc, 0);
+    ric_upconn_want_write(h->uc, h->connect_timeout);
+    return RIC_OK;
+}
+
+/* --- sending ----------------------------------------------------------------- */
+
+static uint64_t
+replay_size(const ric_http1_t *h)
+{
+    return h->req_len + (h->body ? ric_body_size(h->body) : 0);
+}
+
+/* A write returned RIC_AGAIN or RIC_ERROR: wait for the socket, or fail. */
+static void
+write_stopped(ric_http1_t *h, ssize_t n, const char *what)
+{
+    if (n == RIC_AGAIN) {
+        h->send_blocked = 1;
+        ric_upconn_want_write(h->uc, h->send_timeout);
+        return;
+    }
+    h->handler->failed(h, RIC_CLASS_RESET, errno, what);
+}
+
+static void
+send_request(ric_http1_t *h)
+{
+    ric_io_t *io = &h->uc->io;
+    const ric_body_t *b = h->body;
+    size_t mem_len = b ? b->mem_len : 0;
+    uint64_t total = replay_size(h), at;
+    struct iovec iov[2];
+    int iovcnt;
+    ssize_t n;
+    off_t off;
+
+    while (h->sent < total) {
+        at = h->sent;
+        if (at < h->req_len + mem_len) {
+            iovcnt = 0;
+            if (at < h->req_len) {
+                iov[iovcnt].iov_base = (void *) (h->req + at);
+                iov[iovcnt++].iov_len = h->req_len - (size_t) at;
+                at = h->req_len;
+            }
+            if (mem_len > 0) {
+                size_t m = (size_t) (at - h->req_len);
+                iov[iovcnt].iov_base = b->mem + m;
+                iov[iovcnt++].iov_len = mem_len - m;
+            }
+            n = ric_io_writev(io, iov, iovcnt);
+        } else {
+            off = (off_t) (at - h->req_len - mem_len);
+            n = ric_io_sendfile(io, b->fd, &off, (size_t) ric_min(total - at, (uint64_t) 1 << 20));
+            if (n == 0) {
+                /* the temp file ended before its recorded length: never spin */
+                errno = EIO;
+                n = RIC_ERROR;
+            }
+        }
+        if (n < 0) {
+            write_stopped(h, n, "sending the request failed");
+            return;
+        }
+        h->sent += (uint64_t) n;
+    }
+    h->send_blocked = 0;
+    if (h->upload != NULL) {
+        while (ric_upload_pending(h->upload) > 0) {
+            n = ric_io_write(io, h->upload->data + h->upload->sent,
+                             ric_upload_pending(h->upload));
+            if (n < 0) {
+                write_stopped(h, n, "sending the request body failed");
+                return;
+            }
+            ric_upload_sent(h->upload, (size_t) n);
+        }
+        if (!h->upload->done) {
+            h->handler->upload_room(h); /* drained: let the client send more */
+            return;
+        }
+    }
+    h->state = RIC_HTTP1_HEAD;
+    ric_upconn_read_timeout(h->uc, h->read_timeout);
+    h->handler->sent(h);
+}
+
+void
+ric_http1_upload_kick(ric_http1_t *h)
+{
+    /* from the loop (as a write event), never inside the client's read
+     * that staged the bytes */
+    if (h->uc != NULL && h->state == RIC_HTTP1_SENDING && !h->send_blocked
+        && h->sent >= replay_size(h)) {
+        event_active(&h->uc->wev, EV_WRITE, 1);
+    }
+}
+
+static void
+on_write(ric_upconn_t *uc, short what)
+{
+    ric_http1_t *h = uc->owner;
+    int err;
+
+    if (h->state == RIC_HTTP1_CONNECTING) {
+        if (what & EV_TIMEOUT) {
+            h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
+                               "upstream timed out (proxy_connect_timeout)");
+            return;
+        }
+        err = ric_upconn_connect_result(uc);
+        if (err != 0) {
+            h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, err, "connect() failed");
+            return;
+        }
+        h->state = RIC_HTTP1_SENDING;
+        send_request(h);
+        return;
+    }
+    if (h->state == RIC_HTTP1_SENDING) {
+        if (what & EV_TIMEOUT) {
+            h->handler->failed(h, RIC_CLASS_TIMEOUT, 0, "upstream timed out (proxy_send_timeout)");
+            return;
+        }
+        h->send_blocked = 0;
+        send_request(h);
+    }
+}
+
+/* --- the response ------------------------------------------------------------ */
+
+/* Runs the framing over buf[from, buf_len): extends the relay region and
+ * notes the end of the response. RIC_ERROR on broken framing. */
+static int
+scan_body(ric_http1_t *h, size_t from)
+{
+    size_t avail = h->buf_len - from, take, w;
+    const u_char *pos, *end, *data;
+    size_t dlen;
+    int rc;
+
+    switch (h->resp.body) {
+    case RIC_BODY_NONE:
+        h->relay_end = from;
+        h->done = 1;
+        if (avail > 0) {
+            h->reusable = 0; /* bytes after a response that has no body */
+        }
+        return RIC_OK;
+    case RIC_BODY_CLOSE:
+        h->relay_end = h->buf_len;
+        return RIC_OK;
+    case RIC_BODY_LENGTH:
+        take = (size_t) ric_min((uint64_t) avail, h->body_left);
+        h->body_left -= take;
+        h->relay_end = from + take;
+        if (h->body_left == 0) {
+            h->done = 1;
+            if (avail > take) {
+                h->reusable = 0; /* more than Content-Length: never reuse */
+            }
+        }
+        return RIC_OK;
+    case RIC_BODY_CHUNKED:
+        break;
+    }
+
+    pos = h->buf + from;
+    end = h->buf + h->buf_len;
+    w = from; /* where decoded data goes when dechunking (in place) */
+    while ((rc = ric_http_chunked_next(&h->chunked, &pos, end, &data, &dlen)) == RIC_OK) {
+        if (h->dechunk) {
+            memmove(h->buf + w, data, dlen);
+            w += dlen;
+        }
+    }
+    if (rc == RIC_ERROR) {
+        return RIC_ERROR;
+    }
+    h->relay_end = h->dechunk ? w : (size_t) (pos - h->buf);
+    if (rc == RIC_DONE) {
+        h->done = 1;
+        if (pos < end) {
+            h->reusable = 0;
+        }
+    }
+    return RIC_OK;
+}
+
+/* Framing from the start of the body, over what already arrived. */
+static int
+scan_from_head(ric_http1_t *h, int dechunk)
+{
+    h->reusable = !h->early_answer;
+    h->body_left = h->resp.content_length;
+    ric_http_chunked_init(&h->chunked);
+    h->dechunk = dechunk;
+    h->done = 0;
+    h->relay_start = h->relay_end = h->resp.head_len;
+    return scan_body(h, h->resp.head_len);
+}
+
+static void
+read_head(ric_http1_t *h)
+{
+    ric_upconn_t *uc = h->uc;
+    ssize_t n;
+    int rc;
+
+    n = ric_io_read(&uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    if (n == 0) {
+        h->handler->failed(h, RIC_CLASS_RESET, 0,
+                           "upstream closed the connection before a complete response head");
+        return;
+    }
+    if (n == RIC_AGAIN) {
+        return;
+    }
+    if (n == RIC_ERROR) {
+        h->handler->failed(h, RIC_CLASS_RESET, errno, "recv() failed");
+        return;
+    }
+    h->buf_len += (size_t) n;
+    if (h->state == RIC_HTTP1_SENDING) {
+        /* an answer is coming while the request still goes up: from now
+         * on the upstream's pace is watched, so a stalled head cannot hang */
+        ric_upconn_read_timeout(uc, h->read_timeout);
+    }
+
+    for (;;) {
+        rc = ric_http_parse_response(&h->resp, h->buf, h->buf_len, h->method);
+        if (rc == RIC_AGAIN) {
+            if (h->buf_len == RIC_HTTP1_BUF_SIZE) {
+                h->handler->failed(h, RIC_CLASS_BAD_RESPONSE, 0,
+                                   "upstream sent too big a response head");
+            }
+            return;
+        }
+        if (rc == RIC_ERROR) {
+            h->handler->failed(h, RIC_CLASS_BAD_RESPONSE, 0, h->resp.error_reason
+                               ? h->resp.error_reason : "upstream sent an invalid response");
+            return;
+        }
+        if (h->resp.status >= 100 && h->resp.status < 200) {
+            if (h->resp.status == 101) {
+                h->handler->failed(h, RIC_CLASS_BAD_RESPONSE, 0,
+                                   "upstream switched protocols unasked");
+                return;
+            }
+            /* interim responses (103 Early Hints...) are not passed on */
+            memmove(h->buf, h->buf + h->resp.head_len, h->buf_len - h->resp.head_len);
+            h->buf_len -= h->resp.head_len;
+            ric_http_msg_init(&h->resp);
+            continue;
+        }
+        if (h->state == RIC_HTTP1_SENDING) {
+            /* a final answer before the whole request went up (413, 401...):
+             * stop sending; the connection is not reused */
+            event_del(&uc->wev);
+            h->early_answer = 1;
+        }
+        h->state = RIC_HTTP1_HEAD;
+        h->handler->head(h);
+        return;
+    }
+}
+
+int
+ric_http1_read_body(ric_http1_t *h, int dechunk)
+{
+    h->state = RIC_HTTP1_BODY;
+    if (scan_from_head(h, dechunk) != RIC_OK) {
+        h->reusable = 0;
+        return RIC_ERROR;
+    }
+    if (h->uc != NULL) {
+        /* the body's pace: proxy_read_timeout between reads, whatever came before */
+        ric_upconn_read_timeout(h->uc, h->read_timeout);
+    }
+    return RIC_OK;
+}
+
+void
+ric_http1_pause(ric_http1_t *h)
+{
+    if (!h->reading_paused && h->uc != NULL) {
+        ric_upconn_reading(h->uc, 0, 0);
+        h->reading_paused = 1;
+    }
+}
+
+void
+ric_http1_consumed(ric_http1_t *h, size_t n)
+{
+    h->relay_start += n;
+    if (h->relay_start < h->relay_end || h->done) {
+        return;
+    }
+    /* everything relayed: the buffer is free for the next read */
+    h->buf_len = h->relay_start = h->relay_end = 0;
+    if (h->reading_paused && h->uc != NULL) {
+        h->reading_paused = 0;
+        ric_upconn_reading(h->uc, 1, h->read_timeout);
+    }
+}
+
+static void
+read_body(ric_http1_t *h)
+{
+    size_t from = h->buf_len;
+    ssize_t n;
+
+    if (h->done || h->buf_len == RIC_HTTP1_BUF_SIZE) {
+        /* nothing more is wanted, or no room: wait for the caller */
+        ric_http1_pause(h);
+        return;
+    }
+    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    if (n == RIC_AGAIN) {
+        return;
+    }
+    if (n == 0) {
+        if (h->resp.body == RIC_BODY_CLOSE) {
+            h->done = 1;
+            h->reusable = 0;
+            h->handler->body(h);
+            return;
+        }
+        h->handler->body_failed(h, 0, "upstream closed the connection before the end of the body");
+        return;
+    }
+    if (n == RIC_ERROR) {
+        h->handler->body_failed(h, errno, "recv() failed");
+        return;
+    }
+    h->buf_len += (size_t) n;
+    if (scan_body(h, from) != RIC_OK) {
+        h->handler->body_failed(h, 0, "upstream sent an invalid chunked body");
+        return;
+    }
+    h->handler->body(h);
+}
+
+/* --- a response dropped for a retry ------------------------------------------ */
+
+void
+ric_http1_release(ric_http1_t *h)
+{
+    if (h->uc == NULL) {
+        return;
+    }
+    if (h->done && h->reusable && h->resp.keep_alive) {
+        h->uc->requests++;
+        ric_upstream_pool_put(h->uc);
+    } else {
+        ric_upconn_close(h->uc);
+    }
+    h->uc = NULL;
+}
+
+/* The dropped response is here whole: keep its bytes only. */
+static void
+kept_whole(ric_http1_t *h)
+{
+    h->buf_len = h->relay_end;
+    ric_http1_release(h);
+}
+
+int
+ric_http1_drop(ric_http1_t *h)
+{
+    int rc = scan_from_head(h, 0);
+
+    if (rc == RIC_OK && h->done) {
+        kept_whole(h);
+        return 1;
+    }
+    if (rc == RIC_OK && h->resp.body != RIC_BODY_CLOSE && h->uc != NULL
+        && (h->resp.body == RIC_BODY_CHUNKED
+            || h->resp.head_len + h->resp.content_length <= RIC_HTTP1_BUF_SIZE)) {
+        /* small: go on reading it during the wait, to keep it */
+        h->state = RIC_HTTP1_DRAIN;
+        return 0;
+    }
+    if (h->uc != NULL) {
+        ric_upconn_close(h->uc);
+        h->uc = NULL;
+    }
+    return -1;
+}
+
+static void
+read_drain(ric_http1_t *h)
+{
+    size_t from = h->buf_len;
+    ssize_t n;
+
+    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    if (n == RIC_AGAIN) {
+        return;
+    }
+    if (n > 0) {
+        h->buf_len += (size_t) n;
+        if (scan_body(h, from) == RIC_OK) {
+            if (h->done) {
+                kept_whole(h);
+                h->handler->drained(h, 1);
+                return;
+            }
+            if (h->buf_len < RIC_HTTP1_BUF_SIZE) {
+                return;
+            }
+        }
+    }
+    /* broken, closed, or too big to keep */
+    ric_upconn_close(h->uc);
+    h->uc = NULL;
+    h->handler->drained(h, 0);
+}
+
+void
+ric_http1_free(ric_http1_t *h)
+{
+    if (h->uc != NULL) {
+        ric_upconn_close(h->uc);
+        h->uc = NULL;
+    }
+    free(h->buf);
+    h->buf = NULL;
+}
+
+static void
+on_read(ric_upconn_t *uc, short what)
+{
+    ric_http1_t *h = uc->owner;
+
+    if (h->state == RIC_HTTP1_DRAIN) {
+        if (what & EV_TIMEOUT) {
+            ric_upconn_close(h->uc);
+            h->uc = NULL;
+            h->handler->drained(h, 0);
+            return;
+        }
+        read_drain(h);
+        return;
+    }
+    if (what & EV_TIMEOUT) {
+        if (h->state == RIC_HTTP1_BODY) {
+            h->handler->body_failed(h, 0, "upstream timed out (proxy_read_timeout)");
+        } else {
+            h->handler->failed(h, RIC_CLASS_TIMEOUT, 0, "upstream timed out (proxy_read_timeout)");
+        }
+        return;
+    }
+    switch (h->state) {
+    case RIC_HTTP1_SENDING: /* an interim 1xx, or an early final answer */
+    case RIC_HTTP1_HEAD:
+        read_head(h);
+        return;
+    case RIC_HTTP1_BODY:
+        read_body(h);
+        return;
+    default:
+        return; /* connecting: the write event reports it */
+    }
+}

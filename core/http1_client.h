@@ -1,0 +1,123 @@
+/* http1_client.h: the upstream HTTP/1 client: connect or reuse, send a request, read the response head and body. */
+#ifndef RIC_HTTP1_CLIENT_H
+#define RIC_HTTP1_CLIENT_H
+
+#include "ric_core.h"
+#include "body.h"
+#include "http_parse.h"
+#include "upload.h"
+#include "upstream.h"
+
+/* Response head limit, and the one buffer the body is relayed through. */
+#define RIC_HTTP1_BUF_SIZE (32 * 1024)
+
+typedef enum {
+    RIC_HTTP1_IDLE = 0,
+    RIC_HTTP1_CONNECTING,
+    RIC_HTTP1_SENDING,  /* the request is going up (an answer may already come) */
+    RIC_HTTP1_HEAD,     /* waiting for the response head */
+    RIC_HTTP1_BODY,     /* the body is being read for the caller to relay */
+    RIC_HTTP1_DRAIN     /* reading the rest of a response the caller dropped */
+} ric_http1_state_t;
+
+/* What the client tells its user. The client knows nothing of retries:
+ * its user decides. Each callback is the last thing the client does in
+ * that turn, so the user may free the client from inside it. */
+typedef struct {
+    /* no final response head: class is RIC_CLASS_CONNECT_ERROR, _RESET,
+     * _TIMEOUT or _BAD_RESPONSE; err an errno value or 0; what says what
+     * failed, h->state while doing what */
+    void (*failed)(ric_http1_t *h, unsigned class, int err, const char *what);
+    /* a final response head is in h->resp (interim 1xx are skipped);
+     * h->early_answer when it came before the whole request went up */
+    void (*head)(ric_http1_t *h);
+    /* the whole request went up (a streamed upload: the clocks start) */
+    void (*sent)(ric_http1_t *h);
+    /* a streamed upload's stage drained: the client may send more */
+    void (*upload_room)(ric_http1_t *h);
+    /* BODY: bytes to relay in buf[relay_start, relay_end), or h->done */
+    void (*body)(ric_http1_t *h);
+    /* BODY: the upstream broke off or timed out */
+    void (*body_failed)(ric_http1_t *h, int err, const char *what);
+    /* DRAIN: the dropped response arrived whole (1), or was given up (0,
+     * and the connection is closed) */
+    void (*drained)(ric_http1_t *h, int whole);
+} ric_http1_handler_t;
+
+struct ric_http1_s {
+    const ric_http1_handler_t *handler;
+    void *data; /* the user's */
+    ric_upstream_t *up;
+    ric_peer_t *peer;
+    ric_upconn_t *uc;
+    ric_http1_state_t state;
+    int reused; /* the connection came from the pool */
+    int64_t connect_timeout, send_timeout, read_timeout; /* ms */
+    ric_http_method_t method; /* of the request: decides the response's framing */
+
+    /* the request: a head, then a replayed body and/or a streamed upload */
+    const u_char *req;
+    size_t req_len;
+    const ric_body_t *body; /* borrowed; NULL: none */
+    ric_upload_t *upload;   /* borrowed; NULL: none */
+    uint64_t sent;          /* head and body bytes written */
+    int send_blocked;
+
+    /* the response: head parsed from buf, then body bytes relayed from it */
+    u_char *buf;
+    size_t buf_len;
+    size_t relay_start; /* buf[relay_start, relay_end) is for the caller */
+    size_t relay_end;
+    ric_http_msg_t resp;
+    ric_http_chunked_t chunked;
+    uint64_t body_left;
+    int dechunk;        /* the chunked body is decoded in place */
+    int done;           /* the response ended */
+    int reusable;       /* the connection may carry another request */
+    int reading_paused;
+    int early_answer;   /* answered before taking the whole request */
+};
+
+/* Prepares h; nothing is allocated or connected yet. */
+void ric_http1_init(ric_http1_t *h, const ric_http1_handler_t *handler, void *data,
+                    ric_upstream_t *up, ric_http_method_t method);
+
+/* Sends req (and body, upload: either may be NULL) to peer on a pooled
+ * connection or a new one (careful: check even a connection pooled a
+ * moment ago). Borrowed buffers must live until the request is sent. The
+ * work starts from the event loop: no callback comes from inside this
+ * call. RIC_OK, or RIC_ERROR with errno set when the connect failed at
+ * once. */
+int ric_http1_start(ric_http1_t *h, ric_peer_t *peer, int careful, const u_char *req,
+                    size_t req_len, const ric_body_t *body, ric_upload_t *upload);
+
+/* More of a streamed upload was staged: send it when the socket can. */
+void ric_http1_upload_kick(ric_http1_t *h);
+
+/* After the head: read the body for relaying (dechunk: decode a chunked
+ * body, for a client that cannot take chunks). What already arrived is
+ * scanned at once. RIC_OK, or RIC_ERROR when its framing is broken
+ * (nothing was relayed: the caller can still answer cleanly). */
+int ric_http1_read_body(ric_http1_t *h, int dechunk);
+
+/* The caller relayed n bytes from relay_start; when it took everything the
+ * buffer is reused and reading resumes. */
+void ric_http1_consumed(ric_http1_t *h, size_t n);
+
+/* The caller cannot take more now (a slow client): stop reading. */
+void ric_http1_pause(ric_http1_t *h);
+
+/* The caller drops the response for a retry. Returns 1 when it is here
+ * whole (the connection went back to the pool when it may), 0 when the
+ * rest is being read in DRAIN (the drained callback tells), -1 when it
+ * is not worth reading (the connection is closed). */
+int ric_http1_drop(ric_http1_t *h);
+
+/* Puts the connection back in the pool when the response ended and the
+ * upstream allows, else closes it. The buffer and head stay. */
+void ric_http1_release(ric_http1_t *h);
+
+/* Closes the connection (never pooled half-read) and frees the buffer. */
+void ric_http1_free(ric_http1_t *h);
+
+#endif /* RIC_HTTP1_CLIENT_H */

@@ -1,0 +1,94 @@
+/* io.h: the one I/O layer: every socket read, write, sendfile, shutdown and liveness peek goes through a ric_io_t. */
+#ifndef RIC_IO_H
+#define RIC_IO_H
+
+#include "ric_core.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+typedef struct ric_io_s ric_io_t;
+
+/* What a blocked operation waits for. A plain socket waits for what it
+ * was doing; a TLS socket may have to read to write (and write to read)
+ * during a handshake or renegotiation, and says so here. */
+#define RIC_IO_WANT_READ 1
+#define RIC_IO_WANT_WRITE 2
+
+/* The operations of one kind of socket (redis's connection type). Each
+ * returns bytes moved (0 from read is the end of the stream), RIC_AGAIN
+ * when the socket would block (io->want says on what), or RIC_ERROR with
+ * errno set. None of them is ever interrupted by EINTR. */
+typedef struct {
+    const char *name; /* "plain", for logs */
+    ssize_t (*read)(ric_io_t *io, void *buf, size_t n);
+    ssize_t (*writev)(ric_io_t *io, const struct iovec *iov, int iovcnt);
+    /* NULL when the kind cannot hand file pages to the kernel (TLS):
+     * ric_io_sendfile then reads the file and writes what it read */
+    ssize_t (*sendfile)(ric_io_t *io, int file_fd, off_t *offset, size_t n);
+    int (*shutdown_write)(ric_io_t *io);          /* RIC_OK or RIC_ERROR */
+    int (*peek_alive)(ric_io_t *io);              /* 1: open and quiet; 0 */
+    void (*close)(ric_io_t *io);
+} ric_io_ops_t;
+
+struct ric_io_s {
+    int fd;
+    const ric_io_ops_t *ops;
+    int want;  /* after RIC_AGAIN: RIC_IO_WANT_READ or RIC_IO_WANT_WRITE */
+    void *tls; /* the TLS session of a TLS socket; NULL for plain */
+};
+
+extern const ric_io_ops_t ric_io_plain;
+
+/* Makes io a plain socket on fd (which it owns from now on). */
+void ric_io_init_plain(ric_io_t *io, int fd);
+
+static inline ssize_t
+ric_io_read(ric_io_t *io, void *buf, size_t n)
+{
+    return io->ops->read(io, buf, n);
+}
+
+static inline ssize_t
+ric_io_writev(ric_io_t *io, const struct iovec *iov, int iovcnt)
+{
+    return io->ops->writev(io, iov, iovcnt);
+}
+
+ssize_t ric_io_write(ric_io_t *io, const void *buf, size_t n);
+
+/* Sends up to n bytes of file_fd from *offset (advanced by what was sent).
+ * 0 when the file ended early (the caller decides what that means). */
+ssize_t ric_io_sendfile(ric_io_t *io, int file_fd, off_t *offset, size_t n);
+
+/* Ends the sending side (a FIN after what was written). */
+static inline int
+ric_io_shutdown_write(ric_io_t *io)
+{
+    return io->ops->shutdown_write(io);
+}
+
+/* Whether an idle connection is still open with nothing unasked for to
+ * read: one non-blocking look, no byte consumed. */
+static inline int
+ric_io_alive(ric_io_t *io)
+{
+    return io->ops->peek_alive(io);
+}
+
+/* Opens a non-blocking stream socket on io and starts connecting it to sa.
+ * RIC_OK: connected or in progress (the socket turns writable when it is
+ * done: ask ric_io_connect_error). RIC_ERROR with errno set and nothing
+ * open. */
+int ric_io_connect(ric_io_t *io, const struct sockaddr *sa, socklen_t len);
+
+/* After a connect turned writable: 0, or why it failed (an errno value). */
+int ric_io_connect_error(ric_io_t *io);
+
+/* Answers are written whole: Nagle must not hold back their tail. */
+void ric_io_nodelay(ric_io_t *io);
+
+/* Closes the socket; io->fd is -1 afterwards. */
+void ric_io_close(ric_io_t *io);
+
+#endif /* RIC_IO_H */

@@ -1,0 +1,421 @@
+/* request.c: a request's phases in order, its resume after a suspension, and the one finalize every ending goes through. */
+#include "request.h"
+#include "headers.h"
+#include "log.h"
+#include "respond.h"
+#include "route.h"
+#include "worker.h"
+
+#define REQUEST_POOL_SIZE 8192
+
+static int phase_route(ric_request_t *r);
+static int phase_on_request(ric_request_t *r);
+static int phase_body(ric_request_t *r);
+static int phase_idempotency(ric_request_t *r);
+
+/* DESIGN §2, in order; LOG is the finalize itself. */
+static int (*const phases[])(ric_request_t *r) = {
+    phase_route, phase_on_request, phase_body, phase_idempotency, ric_attempts_phase,
+    ric_respond_phase
+};
+
+static void access_log_cleanup(void *data);
+
+ric_request_t *
+ric_request_create(ric_conn_t *c, int error_status)
+{
+    ric_pool_t *pool = ric_pool_create(REQUEST_POOL_SIZE);
+    ric_request_t *r = ric_pcalloc(pool, sizeof(*r));
+
+    r->c = c;
+    r->pool = pool;
+    r->msg = &c->msg;
+    r->start_us = ric_now_us();
+    r->server = c->listener->default_server;
+    r->settings = &r->server->settings;
+    r->status = error_status;
+    ric_body_init(&r->body, 0, NULL);
+    /* registered first, so written last: after every other cleanup */
+    ric_request_cleanup_add(r, access_log_cleanup, r);
+    return r;
+}
+
+void
+ric_request_cleanup_add(ric_request_t *r, void (*handler)(void *), void *data)
+{
+    ric_pool_cleanup_add(r->pool, handler, data);
+}
+
+void
+ric_request_async_begin(ric_request_t *r, ric_async_t *a)
+{
+    if (a->pending) {
+        return;
+    }
+    a->pending = 1;
+    a->prev = NULL;
+    a->next = r->async;
+    if (r->async != NULL) {
+        r->async->prev = a;
+    }
+    r->async = a;
+}
+
+void
+ric_request_async_end(ric_request_t *r, ric_async_t *a)
+{
+    if (!a->pending) {
+        return;
+    }
+    a->pending = 0;
+    if (a->prev != NULL) {
+        a->prev->next = a->next;
+    } else {
+        r->async = a->next;
+    }
+    if (a->next != NULL) {
+        a->next->prev = a->prev;
+    }
+    a->prev = a->next = NULL;
+}
+
+int
+ric_request_answer(ric_request_t *r, int status, int closes)
+{
+    r->own_answer = 1;
+    r->status = status;
+    if (closes) {
+        ric_conn_close_after(r->c);
+    }
+    return RIC_DONE;
+}
+
+/* --- the phase loop -------------------------------------------------------- */
+
+void
+ric_request_run(ric_request_t *r)
+{
+    int rc;
+
+    if (r->running) {
+        r->resumed = 1;
+        return;
+    }
+    r->running = 1;
+    do {
+        r->resumed = 0;
+        while (r->phase < RIC_PHASE_LOG && !r->ending) {
+            rc = phases[r->phase](r);
+            if (rc == RIC_AGAIN) {
+                break;
+            }
+            r->phase = rc == RIC_DONE && r->phase < RIC_PHASE_RESPOND ? RIC_PHASE_RESPOND
+                                                                       : r->phase + 1;
+        }
+    } while (r->resumed && !r->ending && r->phase < RIC_PHASE_LOG);
+    r->running = 0;
+    if (r->ending) {
+        ric_request_finalize(r, (ric_request_end_t) (r->ending - 1));
+    } else if (r->phase == RIC_PHASE_LOG) {
+        ric_request_finalize(r, RIC_END_ANSWERED);
+    }
+}
+
+void
+ric_request_resume(ric_request_t *r)
+{
+    ric_request_run(r);
+}
+
+void
+ric_request_finalize(ric_request_t *r, ric_request_end_t end)
+{
+    ric_conn_t *c = r->c;
+    ric_async_t *a;
+
+    if (r->phase == RIC_PHASE_OVER) {
+        return;
+    }
+    if (r->running) {
+        if (!r->ending) {
+            r->ending = (int) end + 1; /* when the phase on the stack returns */
+        }
+        return;
+    }
+    r->phase = RIC_PHASE_OVER;
+    r->end = end;
+    while ((a = r->async) != NULL) {
+        ric_request_async_end(r, a);
+        a->cancel(a); /* a late callback must never find the request */
+    }
+    ric_pool_destroy(r->pool); /* the cleanups, then the request's memory */
+    ric_conn_request_done(c, end);
+}
+
+/* --- phases ---------------------------------------------------------------- */
+
+/* An absolute-form target ("http://host/path?q") names the host itself,
+ * which wins over Host (RFC 9112 §3.2.2); routing uses its path. path
+ * arrives as the target up to '?'. */
+static void
+split_absolute_form(ric_str_t *path, ric_str_t *host)
+{
+    const u_char *p = path->data, *end = p + path->len, *auth;
+    static const u_char slash[] = "/";
+
+    if (path->len == 0 || p[0] == '/' || p[0] == '*') {
+        return;
+    }
+    auth = memchr(p, ':', path->len);
+    if (auth == NULL || end - auth < 3 || auth[1] != '/' || auth[2] != '/') {
+        return;
+    }
+    auth += 3;
+    for (p = auth; p < end && *p != '/'; p++) {
+    }
+    host->data = auth;
+    host->len = (size_t) (p - auth);
+    if (p == end) {
+        path->data = slash;
+        path->len = 1;
+    } else {
+        path->data = p;
+        path->len = (size_t) (end - p);
+    }
+}
+
+static void
+use_settings(ric_request_t *r, const ric_http_settings_t *s)
+{
+    r->settings = s;
+    ric_conn_use_settings(r->c, s);
+}
+
+static int
+phase_route(ric_request_t *r)
+{
+    const ric_http_msg_t *m = r->msg;
+    ric_str_t path = ric_request_span(r, m->target_off, m->path_len);
+    ric_str_t host = ric_headers_find(r->c->in, m, "host");
+    u_char norm[RIC_HTTP_MAX_REQUEST_LINE];
+    size_t norm_len;
+    uint64_t limit;
+
+    if (r->status != 0) {
+        return ric_request_answer(r, r->status, 1); /* the head was refused */
+    }
+    split_absolute_form(&path, &host);
+    r->host = host; /* routing and $host see one value */
+    r->server = ric_route_server(r->c->listener, host);
+    use_settings(r, &r->server->settings);
+    if (ric_route_normalize(path.data, path.len, norm, &norm_len) != RIC_OK) {
+        ric_log_error(RIC_LOG_INFO, 0, "client sent an invalid request (400: invalid path) while "
+                      "reading the request, client: %s", r->c->peer);
+        return ric_request_answer(r, 400, 1);
+    }
+    /* locations see the decoded, normalized path, so /x/../small, //small
+     * and /%73mall all meet the settings of location /small */
+    path.data = norm;
+    path.len = norm_len;
+    r->location = ric_route_location(r->server, path);
+    if (r->location != NULL) {
+        use_settings(r, &r->location->settings);
+        if (r->location->upstream != NULL) {
+            r->up = &r->c->worker->upstreams[r->location->upstream->index];
+        }
+    }
+    limit = (uint64_t) r->settings->client_max_body_size;
+    if (m->body == RIC_BODY_LENGTH && limit > 0 && m->content_length > limit) {
+        ric_log_error(RIC_LOG_INFO, 0, "client sent too large a body (413: %s) while reading the "
+                      "request, client: %s", ric_http_status_text(413), r->c->peer);
+        return ric_request_answer(r, 413, 1);
+    }
+    if (m->method == RIC_HTTP_CONNECT) {
+        return ric_request_answer(r, 405, 1);
+    }
+    return RIC_OK;
+}
+
+/* The route script's on_request runs here (issue 9). */
+static int
+phase_on_request(ric_request_t *r)
+{
+    (void) r;
+    return RIC_OK;
+}
+
+static void
+body_cleanup(void *data)
+{
+    ric_request_t *r = data;
+
+    ric_body_reset(&r->body);
+    ric_upload_free(&r->upload);
+}
+
+static int
+phase_body(ric_request_t *r)
+{
+    const ric_http_msg_t *m = r->msg;
+    const ric_http_settings_t *s = r->settings;
+
+    if (r->own_answer) {
+        return RIC_DONE; /* the body broke */
+    }
+    if (r->body_mode == RIC_REQ_BODY_NONE) {
+        if (m->body == RIC_BODY_NONE) {
+            r->body_complete = 1;
+            return RIC_OK;
+        }
+        if (r->up == NULL) {
+            r->body_mode = RIC_REQ_BODY_DISCARD;
+        } else {
+            ric_body_init(&r->body, (size_t) s->client_body_buffer_size,
+                          r->location->refs.body_temp_path);
+            ric_request_cleanup_add(r, body_cleanup, r);
+            r->body_mode = RIC_REQ_BODY_BUFFER;
+            if (m->body == RIC_BODY_LENGTH
+                && m->content_length > (uint64_t) s->retry_body_max) {
+                /* too large to hold for replay: it streams through, sent once */
+                r->body_mode = RIC_REQ_BODY_STREAM;
+                ric_upload_init(&r->upload, 0, 0);
+            }
+        }
+        ric_conn_body_read(r->c);
+    }
+    if (r->own_answer) {
+        return RIC_DONE;
+    }
+    return r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM ? RIC_OK : RIC_AGAIN;
+}
+
+/* The idempotency store's lookup runs here (issue 10). */
+static int
+phase_idempotency(ric_request_t *r)
+{
+    (void) r;
+    return RIC_OK;
+}
+
+/* --- what the connection tells ---------------------------------------------- */
+
+int
+ric_request_body_data(ric_request_t *r, const u_char *data, size_t n)
+{
+    switch (r->body_mode) {
+    case RIC_REQ_BODY_BUFFER:
+        if (ric_body_append(&r->body, data, n) != RIC_OK) {
+            return RIC_ERROR;
+        }
+        if (ric_body_size(&r->body) > (uint64_t) r->settings->retry_body_max) {
+            /* a chunked body grew past what is held for replay: what came
+             * so far goes first, the rest streams through */
+            r->body_mode = RIC_REQ_BODY_STREAM;
+            ric_upload_init(&r->upload, r->msg->body == RIC_BODY_CHUNKED, ric_body_size(&r->body));
+            ric_request_resume(r);
+        }
+        return RIC_OK;
+    case RIC_REQ_BODY_STREAM:
+        if (r->upload_unwanted) {
+            return RIC_OK;
+        }
+        if (ric_upload_put(&r->upload, data, n)) {
+            r->upload_paused = 1;
+        }
+        ric_attempts_upload_kick(r);
+        return r->upload_paused ? RIC_AGAIN : RIC_OK;
+    default:
+        return RIC_OK;
+    }
+}
+
+void
+ric_request_body_done(ric_request_t *r)
+{
+    r->body_complete = 1;
+    if (r->body_mode == RIC_REQ_BODY_STREAM && !r->upload_unwanted) {
+        ric_upload_end(&r->upload);
+        ric_attempts_upload_kick(r);
+    }
+    if (r->phase == RIC_PHASE_BODY) {
+        ric_request_resume(r);
+    }
+}
+
+void
+ric_request_body_failed(ric_request_t *r, int status)
+{
+    if (r->responding) {
+        /* part of the answer may be out: nothing can be said cleanly */
+        ric_request_finalize(r, RIC_END_CLIENT_GONE);
+        return;
+    }
+    if (r->phase == RIC_PHASE_ATTEMPTS) {
+        ric_attempts_stop(r); /* a streamed body broke: its attempt with it */
+    }
+    ric_request_answer(r, status, 1);
+    ric_request_resume(r);
+}
+
+void
+ric_request_body_unwanted(ric_request_t *r)
+{
+    r->upload_unwanted = 1;
+    if (r->body_mode == RIC_REQ_BODY_STREAM && !r->body_complete) {
+        r->upload_paused = 0;
+        ric_conn_body_discard(r->c);
+    }
+}
+
+void
+ric_request_upload_room(ric_request_t *r)
+{
+    if (r->upload_paused) {
+        r->upload_paused = 0;
+        ric_conn_body_read(r->c);
+    }
+}
+
+void
+ric_request_client_writable(ric_request_t *r)
+{
+    if (r->phase == RIC_PHASE_RESPOND) {
+        ric_request_resume(r);
+    }
+}
+
+void
+ric_request_shutdown(ric_request_t *r, int64_t deadline_ms)
+{
+    if (r->phase == RIC_PHASE_ATTEMPTS) {
+        ric_attempts_shutdown(r, deadline_ms);
+    }
+}
+
+/* --- the last cleanup ------------------------------------------------------- */
+
+static void
+access_log_cleanup(void *data)
+{
+    ric_request_t *r = data;
+    const ric_http_refs_t *refs = r->location ? &r->location->refs : &r->server->refs;
+    ric_access_entry_t *e = &r->log;
+    const ric_http_msg_t *m = r->msg;
+
+    if (refs->access_log == NULL || refs->access_log->fd == -1) {
+        return;
+    }
+    e->client = r->c->peer;
+    if (m->head_len > 0) {
+        e->method = ric_request_span(r, m->method_off, m->method_len);
+        e->path = ric_request_span(r, m->target_off, m->target_len);
+        e->host = r->host;
+    }
+    /* a client that left before its answer began: 499, as nginx logs it */
+    e->status = r->end == RIC_END_CLIENT_GONE && !r->responding ? 499 : r->status;
+    e->bytes = r->c->response_bytes;
+    e->duration_us = ric_now_us() - r->start_us;
+    e->not_retried = r->not_retried != RIC_RETRY_YES ? ric_retry_reason_name(r->not_retried)
+                                                     : NULL;
+    ric_access_log_write(refs->access_log, e);
+}

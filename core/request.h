@@ -1,0 +1,158 @@
+/* request.h: one request: its phases, its resume, its one finalize, and what every later feature hangs on it. */
+#ifndef RIC_REQUEST_H
+#define RIC_REQUEST_H
+
+#include "ric_core.h"
+#include "access_log.h"
+#include "attempt.h"
+#include "body.h"
+#include "conf.h"
+#include "conn.h"
+#include "pool.h"
+#include "retry.h"
+#include "upload.h"
+#include "upstream.h"
+
+/* The phases, in the order a request goes through them (a phase that
+ * answers skips to RESPOND). Each returns RIC_OK (go on), RIC_AGAIN
+ * (suspended: a timer or an asynchronous callback calls
+ * ric_request_resume, and the phase runs again) or RIC_DONE (answered:
+ * r->status holds the gateway's own answer, or r->answer the upstream's). */
+typedef enum {
+    RIC_PHASE_ROUTE = 0,   /* server and location */
+    RIC_PHASE_ON_REQUEST,  /* the route script's on_request (issue 9) */
+    RIC_PHASE_BODY,        /* buffer the body for replay, or start streaming it */
+    RIC_PHASE_IDEMPOTENCY, /* the idempotency store's lookup (issue 10) */
+    RIC_PHASE_ATTEMPTS,    /* attempt.c: tries, waits, the answer chosen */
+    RIC_PHASE_RESPOND,     /* respond.c: the answer goes to the client */
+    RIC_PHASE_LOG,         /* finalize: cleanups, access log */
+    RIC_PHASE_OVER
+} ric_phase_t;
+
+typedef enum {
+    RIC_REQ_BODY_NONE = 0,
+    RIC_REQ_BODY_DISCARD, /* read and dropped (answered here) */
+    RIC_REQ_BODY_BUFFER,  /* held whole, for replay */
+    RIC_REQ_BODY_STREAM   /* too large to hold: sent upstream as it arrives */
+} ric_req_body_mode_t;
+
+/* A change to the request's fields as sent upstream (a script's
+ * set_header): value.data NULL removes the field. */
+typedef struct ric_header_edit_s ric_header_edit_t;
+struct ric_header_edit_s {
+    ric_str_t name;
+    ric_str_t value;
+    ric_header_edit_t *next;
+};
+
+struct ric_request_s {
+    ric_conn_t *c;
+    ric_pool_t *pool; /* owns the request itself; its cleanups run at finalize */
+    const ric_http_msg_t *msg; /* the head, parsed in c->in */
+    ric_phase_t phase;
+    int running;   /* the phase loop is on the stack */
+    int resumed;   /* ...and was resumed meanwhile: it goes round again */
+    int ending;    /* finalize was asked while running: 1 + ric_request_end_t */
+    ric_request_end_t end; /* how it ended (for the cleanups) */
+    int64_t start_us;
+
+    /* route */
+    ric_str_t host; /* the authority it names: an absolute-form target's, else Host */
+    ric_server_conf_t *server;
+    ric_location_conf_t *location; /* NULL: none matched */
+    const ric_http_settings_t *settings;
+    ric_upstream_t *up;            /* NULL: the route does not proxy */
+
+    /* body */
+    ric_req_body_mode_t body_mode;
+    int body_complete;
+    ric_body_t body;     /* held for replay (and the part before streaming) */
+    ric_upload_t upload; /* RIC_REQ_BODY_STREAM */
+    int upload_paused;   /* the client waits for the stage to drain */
+    int upload_unwanted; /* the upstream answered: the rest is dropped */
+
+    /* replay safety and the deadline (DESIGN §1.1, §1.2) */
+    ric_retry_policy_t policy;
+    int64_t deadline_ms;      /* monotonic */
+    int64_t deadline_span_ms; /* min(retry_timeout, the client's own) */
+    int replay_safe;
+    int body_replayable;
+    char minted_key[40];      /* idempotency_key auto: one key for every attempt */
+    ric_header_edit_t *edits; /* header edits for the upstream (scripts) */
+
+    ric_attempts_t attempts;  /* attempt.c's state across tries */
+    ric_attempt_t *answer;    /* the attempt whose response the client gets */
+
+    /* the answer */
+    int responding;    /* its head is built: bytes go (or went) out */
+    int status;        /* the client's status */
+    int own_answer;    /* the gateway answers itself with status */
+    ric_retry_reason_t not_retried; /* why the last failure was final */
+    ric_access_entry_t log;         /* the attempt log, for the access log */
+
+    ric_async_t *async; /* pending asynchronous operations */
+    void *script;       /* the route script's state (issue 9) */
+};
+
+/* A new request on c, whose head is parsed in c->msg, or refused with
+ * error_status (400, 408, 414, 431, 501, 505). Never NULL. */
+ric_request_t *ric_request_create(ric_conn_t *c, int error_status);
+
+/* Runs the phases as far as they go. */
+void ric_request_run(ric_request_t *r);
+
+/* A suspended phase's wait is over: its phase runs again. Safe to call
+ * from inside a phase (the loop then goes round once more). */
+void ric_request_resume(ric_request_t *r);
+
+/* The one end of every request: cancels its pending asynchronous
+ * operations, runs its cleanups once, in reverse order of registration
+ * (what a later phase set up is undone first; the access log, registered
+ * at creation, is written last), frees it and tells the connection. Asked
+ * from inside the phase loop, it happens when the phase returns. */
+void ric_request_finalize(ric_request_t *r, ric_request_end_t end);
+
+/* Registers handler(data) to run at finalize. */
+void ric_request_cleanup_add(ric_request_t *r, void (*handler)(void *), void *data);
+
+/* An asynchronous operation begins / ended by itself. */
+void ric_request_async_begin(ric_request_t *r, ric_async_t *a);
+void ric_request_async_end(ric_request_t *r, ric_async_t *a);
+
+/* The gateway answers the request itself (closes: the connection is not
+ * trusted after). Returns RIC_DONE, for a phase to return. */
+int ric_request_answer(ric_request_t *r, int status, int closes);
+
+/* A span of the request's head. */
+static inline ric_str_t
+ric_request_span(const ric_request_t *r, uint32_t off, uint32_t len)
+{
+    return ric_http_span(r->c->in, off, len);
+}
+
+/* --- what the connection tells the request ------------------------------ */
+
+/* n more body bytes. RIC_OK; RIC_AGAIN: taken, but pause until
+ * ric_conn_body_read; RIC_ERROR: they could not be kept (500). */
+int ric_request_body_data(ric_request_t *r, const u_char *data, size_t n);
+
+/* The body ended / broke (400 bad chunk, 408, 413, 500). */
+void ric_request_body_done(ric_request_t *r);
+void ric_request_body_failed(ric_request_t *r, int status);
+
+/* The client socket can take more of the answer. */
+void ric_request_client_writable(ric_request_t *r);
+
+/* The worker stops gracefully: no attempt starts after deadline_ms. */
+void ric_request_shutdown(ric_request_t *r, int64_t deadline_ms);
+
+/* --- what the attempts tell the request ---------------------------------- */
+
+/* The upstream answered before taking the whole streamed body: the rest
+ * of it is read and dropped. */
+void ric_request_body_unwanted(ric_request_t *r);
+
+/* The streamed upload's stage drained: the client may send more. */
+void ric_request_upload_room(ric_request_t *r);
+
+#endif /* RIC_REQUEST_H */
