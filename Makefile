@@ -25,7 +25,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all run test asan fuzz bench bench-faults install clean help deps deps-test
+.PHONY: all run test asan fuzz bench bench-faults install clean help deps deps-test deps-run
 .DEFAULT_GOAL := all
 
 all: deps $(BUILD)/ricochet
@@ -48,6 +48,9 @@ deps:
 
 deps-test:
 	@sh contrib/deps.sh test
+
+deps-run:
+	@sh contrib/deps.sh run
 
 $(BUILD)/obj/%.o: core/%.c core/*.h | $(BUILD)/obj
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
@@ -72,7 +75,7 @@ $(BUILD)/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_OBJ)
 $(BUILD)/obj:
 	mkdir -p $@
 
-run: deps-test $(BUILD)/ricochet
+run: deps-run $(BUILD)/ricochet
 	@RICOCHET_BIN=$(BUILD)/ricochet sh contrib/demo/run.sh
 
 test: deps-test $(BUILD)/ricochet $(UNIT_BIN) $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/replay_%,$(FUZZ_SRC))

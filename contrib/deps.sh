@@ -1,11 +1,12 @@
 #!/bin/sh
 # deps.sh: installs the Debian packages a make target needs, when they are missing.
-# usage: contrib/deps.sh build|test|fuzz|bench ...
+# usage: contrib/deps.sh build|run|test|fuzz|bench ...
 # As root it runs `apt-get update` once and installs what is missing; otherwise
 # it prints the exact command to run and fails.
 set -eu
 
 pkgs_build="gcc make pkg-config libc6-dev libluajit2-5.1-dev luajit2 libevent-dev libssl-dev"
+pkgs_run="luajit2 lua-socket lua-cjson curl"
 pkgs_test="lua-busted lua-socket lua-cjson procps"
 pkgs_fuzz="clang libclang-rt-14-dev"
 pkgs_bench="wrk nginx haproxy procps luajit2 lua-socket curl strace"
@@ -14,6 +15,7 @@ want=""
 for group in "$@"; do
     case "$group" in
     build) want="$want $pkgs_build" ;;
+    run) want="$want $pkgs_build $pkgs_run" ;;
     test) want="$want $pkgs_build $pkgs_test" ;;
     fuzz) want="$want $pkgs_build $pkgs_fuzz" ;;
     bench) want="$want $pkgs_build $pkgs_bench" ;;

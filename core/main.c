@@ -23,8 +23,8 @@ usage(FILE *out)
     fprintf(out,
             "usage: ricochet [-h] [-v] [-t] [-s SIGNAL] [-p PREFIX] [-c FILE]\n"
             "\n"
-            "  -h          this help\n"
-            "  -v          the version, and the versions of the libraries it runs on\n"
+            "  -h, --help  this help\n"
+            "  -v, --version  the version, and the versions of the libraries it runs on\n"
             "  -t          test the configuration and exit\n"
             "  -s SIGNAL   send SIGNAL to the running master: stop, quit, reopen\n"
             "  -p PREFIX   the directory relative paths resolve against (default: the\n"
@@ -109,6 +109,9 @@ plan(int argc, char **argv)
     int opt, n;
 
     apply_kill_switch();
+    if (argc == 2 && strcmp(argv[1], "--help") == 0) {
+        argv[1] = (char *) "-h";
+    }
     while ((opt = getopt(argc, argv, "c:p:h")) != -1) {
         switch (opt) {
         case 'c':
@@ -151,6 +154,14 @@ main(int argc, char **argv)
 
     if (argc == 2 && strcmp(argv[1], "--directives") == 0) {
         return ric_conf_print_directives(stdout);
+    }
+    if (argc == 2 && strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        print_versions();
+        return 0;
     }
     if (argc >= 2 && strcmp(argv[1], "plan") == 0) {
         return plan(argc - 1, argv + 1);

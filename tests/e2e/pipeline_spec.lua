@@ -1,0 +1,251 @@
+-- The request pipeline end to end: how a request ends (finalize, lingering close), what the head sent each way
+-- carries (Date, hop-by-hop, $host, underscores) and what the access log says about retries not made.
+package.path = "tests/e2e/?.lua;" .. package.path
+local H = require("helpers")
+local socket = require("socket")
+
+local json = H.json
+
+local function ctx(gw, extra)
+    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
+end
+
+local function hit_values(hit, name)
+    local out = {}
+    for _, h in ipairs(hit.headers or {}) do
+        if h[1]:lower() == name:lower() then out[#out + 1] = h[2] end
+    end
+    return out
+end
+
+local function access_lines(gw)
+    local out = {}
+    for line in (H.read_file(gw.prefix .. "/logs/access.log") or ""):gmatch("([^\n]+)\n") do
+        out[#out + 1] = json.decode(line)
+    end
+    return out
+end
+
+-- Reads from conn until the peer closes (FIN: "closed", RST: "reset") or `seconds` pass.
+local function read_to_close(conn, seconds)
+    local deadline = socket.gettime() + (seconds or 10)
+    local parts = {}
+    for _ = 1, 1000000 do
+        local data, err = conn.reader.fill(deadline)
+        if not data then return table.concat(parts), err end
+        parts[#parts + 1] = data
+    end
+    return table.concat(parts), "too much"
+end
+
+local CONF = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    access_log {{PREFIX}}/logs/access.log;
+    retry_backoff 10ms 20ms;
+    upstream backend {
+        server {{UPSTREAM}};
+        keepalive 8;
+    }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        server_name a.test;
+        keepalive_requests 2;
+        location / {
+            proxy_pass http://backend;
+            proxy_set_header X-Server a;
+        }
+        location /wait/ {
+            proxy_pass http://backend;
+            retry_backoff 3s 3s 1 jitter=none;
+        }
+        location /two/ {
+            proxy_pass http://backend;
+            retry_attempts 2;
+        }
+        location /underscores/ {
+            proxy_pass http://backend;
+            underscores_in_headers on;
+        }
+    }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        server_name b.test;
+        location / {
+            proxy_pass http://backend;
+            proxy_set_header Host $host;
+            proxy_set_header X-Server b;
+        }
+    }
+}
+]]
+
+describe("the request pipeline", function()
+    local up, gw
+
+    setup(function()
+        up = H.start_upstream()
+        gw = H.start_gateway({ conf = CONF, upstream = up })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    before_each(function()
+        up:reset()
+        up:program({ default = { status = 200, body = "ok" } })
+    end)
+
+    describe("command line", function()
+        it("takes --help and --version like -h and -v, also for plan", function()
+            local code, out = H.run({ H.bin(), "--help" }, { timeout = 10 })
+            assert.equal(0, code, out)
+            assert.matches("usage: ricochet", out)
+            code, out = H.run({ H.bin(), "--version" }, { timeout = 10 })
+            assert.equal(0, code, out)
+            assert.matches("ricochet version %d", out)
+            code, out = H.run({ H.bin(), "plan", "--help" }, { timeout = 10 })
+            assert.equal(0, code, out)
+            assert.matches("usage: ricochet plan", out)
+        end)
+    end)
+
+    describe("the answer's head", function()
+        it("carries a Date when the upstream sent none, and the upstream's own when it did", function()
+            local resp = assert(H.request(gw.port, { path = "/x" }))
+            assert.equal(200, resp.status)
+            local dates = H.header_values(resp, "Date")
+            assert.equal(1, #dates, ctx(gw))
+            assert.matches("^%a%a%a, %d%d %a%a%a %d%d%d%d %d%d:%d%d:%d%d GMT$", dates[1])
+
+            up:program({ default = { status = 200, body = "ok",
+                headers = { { "Date", "Tue, 01 Dec 2026 00:00:00 GMT" } } } })
+            resp = assert(H.request(gw.port, { path = "/x" }))
+            assert.same({ "Tue, 01 Dec 2026 00:00:00 GMT" }, H.header_values(resp, "Date"))
+        end)
+
+        it("drops every field a Connection header names, however many, both ways", function()
+            local names, req_headers, resp_headers = {}, {}, {}
+            for i = 1, 20 do
+                names[i] = "X-Hop-" .. i
+                req_headers[#req_headers + 1] = { names[i], "client" .. i }
+                resp_headers[#resp_headers + 1] = { names[i], "upstream" .. i }
+            end
+            req_headers[#req_headers + 1] = { "Connection", table.concat(names, ", ") }
+            resp_headers[#resp_headers + 1] = { "Connection", table.concat(names, ", ") }
+            up:program({ default = { status = 200, body = "ok", headers = resp_headers } })
+            local resp = assert(H.request(gw.port, { path = "/hop", headers = req_headers }))
+            assert.equal(200, resp.status)
+            local hit = up:hits()[1]
+            for i = 1, 20 do
+                assert.same({}, hit_values(hit, names[i]), names[i] .. " reached the upstream")
+                assert.same({}, H.header_values(resp, names[i]), names[i] .. " reached the client")
+            end
+        end)
+
+        it("routes an absolute-form target by its authority, and $host says the same", function()
+            local data = H.raw(gw.port, "GET http://b.test/abs HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+            assert.matches("^HTTP/1.1 200", data, ctx(gw))
+            local hit = up:hits()[1]
+            assert.same({ "b" }, hit_values(hit, "X-Server"))
+            assert.same({ "b.test" }, hit_values(hit, "Host"))
+            assert.equal("/abs", hit.target)
+        end)
+
+        it("does not forward header names with an underscore unless underscores_in_headers on", function()
+            local headers = { { "X_Custom", "1" }, { "X-Custom", "2" } }
+            assert.equal(200, assert(H.request(gw.port, { path = "/plain", headers = headers })).status)
+            assert.equal(200, assert(H.request(gw.port, { path = "/underscores/", headers = headers })).status)
+            local hits = up:hits()
+            assert.same({}, hit_values(hits[1], "X_Custom"))
+            assert.same({ "2" }, hit_values(hits[1], "X-Custom"))
+            assert.same({ "1" }, hit_values(hits[2], "X_Custom"))
+            assert.truthy(H.wait_until(function() return gw:log():find("underscore", 1, true) end, 3), ctx(gw))
+        end)
+    end)
+
+    describe("closing after an answer", function()
+        it("delivers every answer whole when keepalive_requests is reached with more requests waiting", function()
+            local conn = assert(H.connect(gw.port))
+            local one = "GET /k HTTP/1.1\r\nHost: a.test\r\n\r\n"
+            -- more than the gateway reads ahead: some of it is still unread in the socket when it closes
+            assert(conn:send(one:rep(4) .. ("x"):rep(256 * 1024)))
+            local data, how = read_to_close(conn, 10)
+            conn:close()
+            local list = H.parse_responses(data)
+            assert.equal(2, #list, ctx(gw, data))
+            for _, r in ipairs(list) do
+                assert.equal(200, r.status)
+                assert.equal("ok", r.body)
+            end
+            assert.equal("closed", how, "the connection was reset, not closed")
+        end)
+
+        it("delivers a large HTTP/1.0 answer whole with pipelined bytes behind the request", function()
+            local size = 4 * 1024 * 1024
+            up:program({ default = { status = 200, body_size = size } })
+            for round = 1, 3 do
+                local conn = assert(H.connect(gw.port))
+                assert(conn:send("GET /big HTTP/1.0\r\nHost: a.test\r\n\r\n" .. ("GET /next HTTP/1.1\r\nHost: a.test\r\n\r\n"):rep(8000)))
+                socket.sleep(0.2) -- the gateway is done writing before the client reads
+                local data, how = read_to_close(conn, 20)
+                conn:close()
+                local head_end = data:find("\r\n\r\n", 1, true)
+                assert.truthy(head_end, ctx(gw, "round " .. round))
+                assert.equal(size, #data - head_end - 3, "round " .. round .. ": body cut short")
+                assert.equal("closed", how, "round " .. round .. ": reset")
+            end
+        end)
+    end)
+
+    describe("the access log", function()
+        it("says why a failed answer was not retried", function()
+            up:program({ default = { status = 503, body = "busy" } })
+            local resp = assert(H.request(gw.port, { method = "POST", path = "/pay", body = "{}" }))
+            assert.equal(503, resp.status)
+            resp = assert(H.request(gw.port, { path = "/two/x" }))
+            assert.equal(503, resp.status)
+            up:program({ default = { status = 200, body = "ok" } })
+            assert.equal(200, assert(H.request(gw.port, { path = "/fine" })).status)
+            local lines = H.wait_until(function()
+                local l = access_lines(gw)
+                return #l >= 3 and l
+            end, 3)
+            assert.truthy(lines, ctx(gw))
+            local by_path = {}
+            for _, l in ipairs(lines) do by_path[l.path] = l end
+            assert.equal("unsafe_method", by_path["/pay"].not_retried)
+            assert.equal(1, #by_path["/pay"].attempts)
+            assert.equal("attempts_exhausted", by_path["/two/x"].not_retried)
+            assert.equal(2, #by_path["/two/x"].attempts)
+            assert.is_nil(by_path["/fine"].not_retried)
+        end)
+    end)
+
+    describe("finalize", function()
+        it("ends a request whose client left during the backoff wait: no late attempt, logged as 499", function()
+            up:program({ default = { status = 503, body = "busy" } })
+            local conn = assert(H.connect(gw.port))
+            assert(conn:send("GET /wait/x HTTP/1.1\r\nHost: a.test\r\n\r\n"))
+            assert.truthy(up:wait_hits(1, 3))
+            conn:close() -- the 3 s wait is pending
+            local line = H.wait_until(function()
+                for _, l in ipairs(access_lines(gw)) do
+                    if l.path == "/wait/x" then return l end
+                end
+            end, 3)
+            assert.truthy(line, ctx(gw))
+            assert.equal(499, line.status)
+            assert.equal(1, #line.attempts)
+            assert.equal(503, line.attempts[1].status)
+            -- the cancelled wait never fires: no second attempt, and the worker is fine
+            socket.sleep(3.3)
+            assert.equal(1, #up:hits())
+            up:program({ default = { status = 200, body = "ok" } })
+            assert.equal(200, assert(H.request(gw.port, { path = "/after" })).status)
+        end)
+    end)
+end)
