@@ -416,6 +416,16 @@ start_linger(ric_conn_t *c)
     arm_read(c, ric_min(c->read_deadline, ric_now_ms() + LINGER_TIMEOUT_MS));
 }
 
+/* Whether closing now could reset the connection (a close with unread
+ * input does): pipelined bytes, a body not read whole, or bytes waiting
+ * in the socket. As nginx, only then is the close a lingering one. */
+static int
+unread_input(ric_conn_t *c)
+{
+    return c->in_len > c->in_used || (c->msg.body != RIC_BODY_NONE && !c->body_complete)
+           || !ric_io_alive(&c->io);
+}
+
 /* The answer is out: get ready for the next request on the connection. */
 static void
 request_finish(ric_conn_t *c)
@@ -449,7 +459,11 @@ ric_conn_request_done(ric_conn_t *c, ric_request_end_t end)
         return;
     }
     if (end != RIC_END_ANSWERED || !ric_conn_keepalive(c)) {
-        start_linger(c);
+        if (unread_input(c)) {
+            start_linger(c);
+        } else {
+            ric_conn_close(c); /* nothing to reset the answer with: a plain FIN */
+        }
         return;
     }
     request_finish(c);

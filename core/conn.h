@@ -117,8 +117,9 @@ void ric_conn_body_read(ric_conn_t *c);
 void ric_conn_body_discard(ric_conn_t *c);
 
 /* The request ended (request.c's finalize, its last step): the connection
- * goes on to the next request, or closes, after lingering unless the
- * client is gone. Every close after an answer passes here. */
+ * goes on to the next request, or closes: after lingering (half-close,
+ * drain, bounded in time) when unread input could reset it, at once when
+ * the client is gone. Every close after an answer passes here. */
 void ric_conn_request_done(ric_conn_t *c, ric_request_end_t end);
 
 #endif /* RIC_CONN_H */
