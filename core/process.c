@@ -25,54 +25,107 @@ typedef struct {
     int64_t respawn_at; /* when an empty slot is to be filled; 0: now */
 } worker_slot_t;
 
+/* A listening socket: the master's, by address, whatever config uses it,
+ * so that a new configuration can take over the sockets the old one had
+ * instead of closing and binding them again. */
+typedef struct listen_socket_s listen_socket_t;
+struct listen_socket_s {
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    int fd;
+    listen_socket_t *next;
+};
+
+static listen_socket_t *sockets;
+
+static listen_socket_t *
+socket_find(const struct sockaddr_storage *addr, socklen_t addrlen)
+{
+    listen_socket_t *s;
+
+    for (s = sockets; s; s = s->next) {
+        if (s->addrlen == addrlen && memcmp(&s->addr, addr, addrlen) == 0) {
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static int
+socket_open(const ric_listener_t *ls)
+{
+    int fd, one = 1;
+
+    fd = socket(ls->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd == -1) {
+        ric_log_error(RIC_LOG_EMERG, errno, "socket() for %s failed", ls->text);
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (ls->addr.ss_family == AF_INET6) {
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    }
+    if (bind(fd, (const struct sockaddr *) &ls->addr, ls->addrlen) == -1) {
+        ric_log_error(RIC_LOG_EMERG, errno, "bind() to %s failed", ls->text);
+        close(fd);
+        return -1;
+    }
+    if (listen(fd, LISTEN_BACKLOG) == -1) {
+        ric_log_error(RIC_LOG_EMERG, errno, "listen() on %s failed", ls->text);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int
 ric_process_bind(ric_conf_t *conf)
 {
-    ric_listener_t *ls, *o;
-    int fd, one = 1;
+    listen_socket_t *s, *known = sockets;
+    ric_listener_t *ls;
+    int fd;
 
     for (ls = conf->listeners; ls; ls = ls->next) {
-        fd = socket(ls->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd == -1) {
-            ric_log_error(RIC_LOG_EMERG, errno, "socket() for %s failed", ls->text);
-            goto failed;
+        s = socket_find(&ls->addr, ls->addrlen);
+        if (s == NULL) {
+            fd = socket_open(ls);
+            if (fd == -1) {
+                goto failed;
+            }
+            s = ric_xcalloc(1, sizeof(*s));
+            memcpy(&s->addr, &ls->addr, ls->addrlen);
+            s->addrlen = ls->addrlen;
+            s->fd = fd;
+            s->next = sockets;
+            sockets = s;
         }
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (ls->addr.ss_family == AF_INET6) {
-            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-        }
-        if (bind(fd, (struct sockaddr *) &ls->addr, ls->addrlen) == -1) {
-            ric_log_error(RIC_LOG_EMERG, errno, "bind() to %s failed", ls->text);
-            close(fd);
-            goto failed;
-        }
-        if (listen(fd, LISTEN_BACKLOG) == -1) {
-            ric_log_error(RIC_LOG_EMERG, errno, "listen() on %s failed", ls->text);
-            close(fd);
-            goto failed;
-        }
-        ls->fd = fd;
+        ls->fd = s->fd;
     }
     return RIC_OK;
 
 failed:
-    for (o = conf->listeners; o != ls; o = o->next) {
-        close(o->fd);
-        o->fd = -1;
+    /* only what this call opened goes */
+    while (sockets != known) {
+        s = sockets;
+        sockets = s->next;
+        close(s->fd);
+        free(s);
+    }
+    for (ls = conf->listeners; ls; ls = ls->next) {
+        ls->fd = -1;
     }
     return RIC_ERROR;
 }
 
 static void
-close_listeners(ric_conf_t *conf)
+close_listeners(void)
 {
-    ric_listener_t *ls;
+    listen_socket_t *s;
 
-    for (ls = conf->listeners; ls; ls = ls->next) {
-        if (ls->fd != -1) {
-            close(ls->fd);
-            ls->fd = -1;
-        }
+    while ((s = sockets) != NULL) {
+        sockets = s->next;
+        close(s->fd);
+        free(s);
     }
 }
 
@@ -301,7 +354,7 @@ ric_process_master(ric_conf_t *conf)
                 kill_at = ric_now_ms() + conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
                 /* new clients are refused at once and can go elsewhere,
                  * instead of waiting in a backlog nobody will accept */
-                close_listeners(conf);
+                close_listeners();
             }
             signal_workers(slots, n, SIGQUIT);
             break;

@@ -5,8 +5,11 @@
 #include "ric_core.h"
 #include "conf.h"
 
-/* Binds every listener of conf (sets ls->fd). Returns RIC_OK, or RIC_ERROR
- * after logging which address failed; sockets bound so far are closed. */
+/* Gives every listener of conf its socket (ls->fd): the master's open one
+ * for that address, or a newly bound one. The sockets belong to the
+ * master, not to conf, so a later configuration can keep them. Returns
+ * RIC_OK, or RIC_ERROR after logging which address failed; sockets this
+ * call opened are closed. */
 int ric_process_bind(ric_conf_t *conf);
 
 /* Runs the master: writes the pid file, forks the workers, restarts those

@@ -205,7 +205,11 @@ phase_route(ric_request_t *r)
         return ric_request_answer(r, r->status, 1); /* the head was refused */
     }
     split_absolute_form(&path, &host);
-    r->host = host; /* routing and $host see one value */
+    if (host.data != NULL) { /* routing and $host see one value */
+        r->has_host = 1;
+        r->host_off = (uint32_t) (host.data - r->c->in);
+        r->host_len = (uint32_t) host.len;
+    }
     r->server = ric_route_server(r->c->listener, host);
     use_settings(r, &r->server->settings);
     if (ric_route_normalize(path.data, path.len, norm, &norm_len) != RIC_OK) {
@@ -409,7 +413,7 @@ access_log_cleanup(void *data)
     if (m->head_len > 0) {
         e->method = ric_request_span(r, m->method_off, m->method_len);
         e->path = ric_request_span(r, m->target_off, m->target_len);
-        e->host = r->host;
+        e->host = ric_request_host(r);
     }
     /* a client that left before its answer began: 499, as nginx logs it */
     e->status = r->end == RIC_END_CLIENT_GONE && !r->responding ? 499 : r->status;

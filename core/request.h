@@ -57,7 +57,10 @@ struct ric_request_s {
     int64_t start_us;
 
     /* route */
-    ric_str_t host; /* the authority it names: an absolute-form target's, else Host */
+    /* the authority it names: an absolute-form target's, else Host; as an
+     * offset into c->in, which may move while the request lives */
+    int has_host;
+    uint32_t host_off, host_len;
     ric_server_conf_t *server;
     ric_location_conf_t *location; /* NULL: none matched */
     const ric_http_settings_t *settings;
@@ -128,6 +131,15 @@ static inline ric_str_t
 ric_request_span(const ric_request_t *r, uint32_t off, uint32_t len)
 {
     return ric_http_span(r->c->in, off, len);
+}
+
+/* The authority the request names (data NULL: none, HTTP/1.0). */
+static inline ric_str_t
+ric_request_host(const ric_request_t *r)
+{
+    ric_str_t none = ric_null_string;
+
+    return r->has_host ? ric_request_span(r, r->host_off, r->host_len) : none;
 }
 
 /* --- what the connection tells the request ------------------------------ */

@@ -27,7 +27,7 @@ put_xff(ric_request_t *r, ric_buf_t *b)
 static void
 put_host(ric_request_t *r, ric_buf_t *b)
 {
-    ric_str_t v = r->host;
+    ric_str_t v = ric_request_host(r);
     const u_char *end;
     size_t i;
 
