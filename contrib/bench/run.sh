@@ -10,7 +10,9 @@
 # request with `strace -c` during a BENCH_STRACE_DURATION (3) s wrk run),
 # BENCH_PIN=1 (wrk on CPU 0; the upstream and the proxies on CPU 1, so the
 # proxy's CPU cost per request decides; it did not reduce the spread here),
-# RICOCHET_BIN (build/ricochet), BENCH_KEEP=1 (keep the temp dir and its logs).
+# RICOCHET_BIN (build/ricochet), BENCH_KEEP=1 (keep the temp dir and its logs),
+# RICOCHET_BASELINE=PATH (a second ricochet build, "ricochet0", in the same
+# interleaved rounds: an A/B of two builds in one run).
 # POSIX sh: it runs under dash.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -23,7 +25,9 @@ WARMUP=${BENCH_WARMUP:-1}
 STRACE=${BENCH_STRACE:-0}
 STRACE_DURATION=${BENCH_STRACE_DURATION:-3}
 PIN=${BENCH_PIN:-0}
+BASELINE=${RICOCHET_BASELINE:-}
 PROXIES="nginx haproxy ricochet"
+[ -n "$BASELINE" ] && PROXIES="$PROXIES ricochet0"
 SIZES="1k 64k"
 
 # die, need_tools, bench_tmpdir, free_ports, wait_port
@@ -31,6 +35,7 @@ SIZES="1k 64k"
 
 need_tools wrk nginx haproxy luajit curl awk
 [ -x "$BIN" ] || die "$BIN is missing: run make first"
+[ -z "$BASELINE" ] || [ -x "$BASELINE" ] || die "RICOCHET_BASELINE=$BASELINE is not an executable"
 SRV_PIN="" WRK_PIN=""
 if [ "$PIN" = 1 ]; then
     command -v taskset >/dev/null 2>&1 || die "BENCH_PIN=1 needs taskset (util-linux)"
@@ -39,11 +44,11 @@ fi
 
 bench_tmpdir
 
-# Four distinct free ports: all bound at once, then released.
+# Five distinct free ports: all bound at once, then released.
 # shellcheck disable=SC2046
-set -- $(free_ports 4) || die "cannot pick free ports (luajit with lua-socket is needed)"
-[ $# -eq 4 ] || die "cannot pick free ports"
-uport=$1 nport=$2 hport=$3 rport=$4
+set -- $(free_ports 5) || die "cannot pick free ports (luajit with lua-socket is needed)"
+[ $# -eq 5 ] || die "cannot pick free ports"
+uport=$1 nport=$2 hport=$3 rport=$4 bport=$5
 
 port_of() {
     case "$1" in
@@ -51,6 +56,7 @@ port_of() {
     nginx) echo "$nport" ;;
     haproxy) echo "$hport" ;;
     ricochet) echo "$rport" ;;
+    ricochet0) echo "$bport" ;;
     esac
 }
 
@@ -158,10 +164,19 @@ $SRV_PIN "$BIN" -p "$dir" -c "$dir/ricochet.conf" 2> "$dir/ricochet.err" &
 pids="$pids $!"
 rpid=$!
 
+if [ -n "$BASELINE" ]; then
+    mkdir -p "$dir/base"
+    sed "s/127.0.0.1:$rport;/127.0.0.1:$bport;/" "$dir/ricochet.conf" > "$dir/base/ricochet.conf"
+    $SRV_PIN "$BASELINE" -p "$dir/base" -c "$dir/base/ricochet.conf" 2> "$dir/ricochet0.err" &
+    pids="$pids $!"
+    bpid=$!
+fi
+
 wait_port upstream "$uport" "$upid"
 wait_port nginx "$nport" "$npid"
 wait_port haproxy "$hport" "$hpid"
 wait_port ricochet "$rport" "$rpid"
+[ -z "$BASELINE" ] || wait_port ricochet0 "$bport" "$bpid"
 
 # The process doing the proxying: the single worker of nginx and ricochet,
 # HAProxy's only process.
@@ -170,6 +185,7 @@ worker_of() {
     nginx) pgrep -P "$npid" | head -n 1 ;;
     haproxy) echo "$hpid" ;;
     ricochet) pgrep -P "$rpid" | head -n 1 ;;
+    ricochet0) pgrep -P "$bpid" | head -n 1 ;;
     esac
 }
 
