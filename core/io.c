@@ -8,11 +8,19 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+/* A system call's result as the layer returns it: bytes, RIC_AGAIN with
+ * what to wait for, or RIC_ERROR with errno. */
 static ssize_t
-blocked(ric_io_t *io, int want)
+result(ric_io_t *io, ssize_t r, int want)
 {
-    io->want = want;
-    return RIC_AGAIN;
+    if (r >= 0) {
+        return r;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        io->want = want;
+        return RIC_AGAIN;
+    }
+    return RIC_ERROR;
 }
 
 static ssize_t
@@ -23,11 +31,7 @@ plain_read(ric_io_t *io, void *buf, size_t n)
     do {
         r = recv(io->fd, buf, n, 0);
     } while (r == -1 && errno == EINTR);
-    if (r == -1) {
-        return errno == EAGAIN || errno == EWOULDBLOCK ? blocked(io, RIC_IO_WANT_READ)
-                                                       : RIC_ERROR;
-    }
-    return r;
+    return result(io, r, RIC_IO_WANT_READ);
 }
 
 static ssize_t
@@ -43,11 +47,7 @@ plain_writev(ric_io_t *io, const struct iovec *iov, int iovcnt)
     do {
         r = sendmsg(io->fd, &mh, MSG_NOSIGNAL);
     } while (r == -1 && errno == EINTR);
-    if (r == -1) {
-        return errno == EAGAIN || errno == EWOULDBLOCK ? blocked(io, RIC_IO_WANT_WRITE)
-                                                       : RIC_ERROR;
-    }
-    return r;
+    return result(io, r, RIC_IO_WANT_WRITE);
 }
 
 static ssize_t
@@ -58,11 +58,7 @@ plain_sendfile(ric_io_t *io, int file_fd, off_t *offset, size_t n)
     do {
         r = sendfile(io->fd, file_fd, offset, n);
     } while (r == -1 && errno == EINTR);
-    if (r == -1) {
-        return errno == EAGAIN || errno == EWOULDBLOCK ? blocked(io, RIC_IO_WANT_WRITE)
-                                                       : RIC_ERROR;
-    }
-    return r;
+    return result(io, r, RIC_IO_WANT_WRITE);
 }
 
 static int

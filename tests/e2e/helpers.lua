@@ -563,15 +563,19 @@ local function parse_head(head)
     return resp
 end
 
--- All values of a response header (lowercase name), in order.
-function H.header_values(resp, name)
+-- All values of a header (any case), in order: of a parsed response (its header_list), or of an upstream hit
+-- record from up:hits() (its headers).
+local function values_in(list, name)
     local out = {}
     name = name:lower()
-    for _, h in ipairs(resp.header_list or {}) do
+    for _, h in ipairs(list or {}) do
         if h[1]:lower() == name then out[#out + 1] = h[2] end
     end
     return out
 end
+
+function H.header_values(resp, name) return values_in(resp.header_list, name) end
+function H.hit_values(hit, name) return values_in(hit.headers, name) end
 
 local function read_chunked(rd, deadline, resp)
     local parts, trailers = {}, {}

@@ -10,13 +10,7 @@ local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
 end
 
-local function hit_values(hit, name)
-    local out = {}
-    for _, h in ipairs(hit.headers or {}) do
-        if h[1]:lower() == name:lower() then out[#out + 1] = h[2] end
-    end
-    return out
-end
+local hit_values = H.hit_values
 
 local function access_lines(gw)
     local out = {}

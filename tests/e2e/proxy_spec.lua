@@ -23,14 +23,7 @@ local function all_bytes(reps)
     return table.concat(t):rep(reps or 1)
 end
 
--- Every value of a header (case-insensitive) in an upstream hit record.
-local function hit_values(hit, name)
-    local out = {}
-    for _, h in ipairs(hit.headers or {}) do
-        if h[1]:lower() == name:lower() then out[#out + 1] = h[2] end
-    end
-    return out
-end
+local hit_values = H.hit_values
 
 local function hit_has(hit, name)
     return #hit_values(hit, name) > 0
