@@ -149,7 +149,7 @@ read_some(ric_conn_t *c)
     }
     n = ric_io_read(&c->io, c->in + c->in_len, c->in_size - c->in_len);
     if (n == RIC_ERROR && errno != ECONNRESET) {
-        ric_log_error(RIC_LOG_INFO, errno, "recv() failed, client: %s", c->peer);
+        ric_log_error(RIC_LOG_INFO, errno, "reading from the client failed, client: %s", c->peer);
     }
     if (n > 0) {
         c->in_len += (size_t) n;
@@ -383,7 +383,7 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
         }
         if (w == RIC_ERROR) {
             if (errno != EPIPE && errno != ECONNRESET) {
-                ric_log_error(RIC_LOG_INFO, errno, "writev() failed, client: %s", c->peer);
+                ric_log_error(RIC_LOG_INFO, errno, "writing to the client failed, client: %s", c->peer);
             }
             return RIC_ERROR;
         }

@@ -270,7 +270,7 @@ read_head(ric_http1_t *h)
         return;
     }
     if (n == RIC_ERROR) {
-        h->handler->failed(h, RIC_CLASS_RESET, errno, "recv() failed");
+        h->handler->failed(h, RIC_CLASS_RESET, errno, "reading from the upstream failed");
         return;
     }
     h->buf_len += (size_t) n;
@@ -383,7 +383,7 @@ read_body(ric_http1_t *h)
         return;
     }
     if (n == RIC_ERROR) {
-        h->handler->body_failed(h, errno, "recv() failed");
+        h->handler->body_failed(h, errno, "reading from the upstream failed");
         return;
     }
     h->buf_len += (size_t) n;
