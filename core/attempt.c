@@ -186,8 +186,9 @@ attempts_cleanup(void *data)
     ric_request_t *r = data;
     ric_attempts_t *a = &r->attempts;
 
-    if (r->end == RIC_END_CLIENT_GONE && a->current != NULL) {
-        record_attempt(r, a->current, "client_closed", 0); /* the attempt under way */
+    if ((r->end == RIC_END_CLIENT_GONE || r->end == RIC_END_SHUTDOWN) && a->current != NULL) {
+        /* the attempt under way */
+        record_attempt(r, a->current, r->end == RIC_END_SHUTDOWN ? "shutdown" : "client_closed", 0);
     }
     if (r->log.upstream == NULL && (a->current != NULL || a->prev_peer != NULL)) {
         r->log.upstream = (a->current ? a->current->client.peer : a->prev_peer)->conf->addr_text;

@@ -69,15 +69,16 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
     return RIC_OK;
 }
 
-void
-ric_conn_close(ric_conn_t *c)
+/* Closes c; a request under way ends first, as `end` says. */
+static void
+conn_end(ric_conn_t *c, ric_request_end_t end)
 {
     if (c->closed) {
         return;
     }
     if (c->r != NULL) {
         /* the request's finalize comes back here with c->r cleared */
-        ric_request_finalize(c->r, RIC_END_CLIENT_GONE);
+        ric_request_finalize(c->r, end);
         return;
     }
     ric_log_debug("closing connection from %s", c->peer);
@@ -90,6 +91,18 @@ ric_conn_close(ric_conn_t *c)
         conn_free(c);
     }
     /* else the outermost entry on the stack frees it on its way out */
+}
+
+void
+ric_conn_close(ric_conn_t *c)
+{
+    conn_end(c, RIC_END_CLIENT_GONE);
+}
+
+void
+ric_conn_stop(ric_conn_t *c)
+{
+    conn_end(c, RIC_END_SHUTDOWN);
 }
 
 static void
@@ -454,7 +467,7 @@ ric_conn_request_done(ric_conn_t *c, ric_request_end_t end)
 {
     c->r = NULL;
     event_del(c->wev);
-    if (end == RIC_END_CLIENT_GONE) {
+    if (end == RIC_END_CLIENT_GONE || end == RIC_END_SHUTDOWN) {
         ric_conn_close(c);
         return;
     }

@@ -80,6 +80,10 @@ int ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct so
 /* Closes the connection now (a request under way ends as client gone). */
 void ric_conn_close(ric_conn_t *c);
 
+/* The worker stops now: closes the connection, a request under way ending
+ * as shutdown. */
+void ric_conn_stop(ric_conn_t *c);
+
 /* Graceful shutdown: closes c if it is idle between requests; otherwise it
  * closes once its current answer is written. */
 void ric_conn_shutdown(ric_conn_t *c);

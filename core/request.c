@@ -415,8 +415,11 @@ access_log_cleanup(void *data)
         e->path = ric_request_span(r, m->target_off, m->target_len);
         e->host = ric_request_host(r);
     }
-    /* a client that left before its answer began: 499, as nginx logs it */
-    e->status = r->end == RIC_END_CLIENT_GONE && !r->responding ? 499 : r->status;
+    /* no answer began: 499 when the client left, as nginx logs it; 503
+     * when the worker stopped under it */
+    e->status = r->responding ? r->status
+                : r->end == RIC_END_CLIENT_GONE ? 499
+                : r->end == RIC_END_SHUTDOWN ? 503 : r->status;
     e->bytes = r->c->response_bytes;
     e->duration_us = ric_now_us() - r->start_us;
     e->not_retried = r->not_retried != RIC_RETRY_YES ? ric_retry_reason_name(r->not_retried)

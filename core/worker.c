@@ -220,7 +220,7 @@ ric_worker_run(ric_conf_t *conf)
     sigprocmask(SIG_BLOCK, &blocked, NULL);
     w->shutting_down = 1; /* closing the rest must not re-enable accepting */
     while ((c = w->conns) != NULL) {
-        ric_conn_close(c);
+        ric_conn_stop(c);
     }
     ric_upstream_free_all(w->upstreams, conf->http ? conf->http->nupstreams : 0);
     for (i = 0; i < w->naccept; i++) {
