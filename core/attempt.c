@@ -141,8 +141,6 @@ setup(ric_request_t *r)
     r->body_replayable = r->body_mode != RIC_REQ_BODY_STREAM
                          && ric_body_size(&r->body) <= (uint64_t) s->retry_body_max;
 
-    r->up->budget.ratio = (double) s->retry_budget_permille / 1000.0;
-    r->up->budget.min_per_sec = s->retry_budget_min;
     ric_budget_request(&r->up->budget, now);
 }
 
@@ -253,6 +251,8 @@ attempt_start(ric_request_t *r)
     u->r = r;
     u->number = ++a->count;
     u->wait_us = a->wait_us;
+    u->paid = a->paid;
+    a->paid = 0;
     a->current = u;
     ric_upstream_request_build(r, u->number, &a->head);
     u->start_us = ric_now_us();
@@ -275,6 +275,43 @@ attempt_start(ric_request_t *r)
     }
 }
 
+/* A retry is paid for when it is about to be sent, not when it is
+ * decided: waiting costs the upstream nothing. A budget that cannot pay
+ * may let it wait and ask again (never past the deadline), or refuse it.
+ * RIC_OK: go on; anything else: the request waits again or was answered. */
+static int
+budget_gate(ric_request_t *r, int64_t now)
+{
+    ric_attempts_t *a = &r->attempts;
+    int64_t initial = ric_max(r->policy.backoff.initial_ms, (int64_t) 2), ms;
+
+    if (a->count == 0 || a->paid > 0) {
+        return RIC_OK;
+    }
+    switch (ric_budget_take(&r->up->budget, a->retry_cost, now)) {
+    case RIC_BUDGET_GRANTED:
+        a->paid = a->retry_cost;
+        return RIC_OK;
+    case RIC_BUDGET_WAIT:
+        /* ask again in [initial/2, 3 initial/2): jittered, so the waiting
+         * requests of a brownout come back spread out, not in a herd */
+        ms = initial / 2 + (int64_t) (ric_backoff_rand(NULL) % (uint64_t) initial);
+        if (now + ms < r->deadline_ms) {
+            a->wait_us += ms * 1000;
+            a->wait_until_ms = now + ms;
+            wait_start(r, ms);
+            return RIC_AGAIN;
+        }
+        break;
+    case RIC_BUDGET_REFUSED:
+        break;
+    }
+    ric_log_error(RIC_LOG_INFO, 0, "the retry budget of upstream \"%s\" refused attempt %d, "
+                  "client: %s", r->up->conf->name, a->count + 1, r->c->peer);
+    ric_attempts_give_up(r, a->fail_status, RIC_RETRY_BUDGET);
+    return RIC_DONE;
+}
+
 static void
 on_wait_done(evutil_socket_t fd, short what, void *arg)
 {
@@ -289,6 +326,9 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
         /* a client that allowed no time at all gets its 504 without
          * bothering the upstream */
         ric_attempts_give_up(r, 504, RIC_RETRY_DEADLINE);
+        return;
+    }
+    if (budget_gate(r, now) != RIC_OK) {
         return;
     }
     if (a->draining != NULL && !a->drain_extended) {
@@ -441,6 +481,8 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     failed = class != RIC_CLASS_STATUS
              || ric_retry_on_match(r->policy.retry_on, RIC_CLASS_STATUS, status);
     ric_upstream_report(r->up, h->peer, failed, now);
+    ric_budget_outcome(&r->up->budget, u->number > 1, failed, u->paid, now);
+    u->paid = 0; /* a bad chunked body comes back here: earn once */
 
     memset(&in, 0, sizeof(in));
     in.class = class;
@@ -487,6 +529,10 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
             attempt_free(u);
         }
         a->waiting = 1;
+        a->retry_cost = ric_retry_cost(class);
+        a->paid = 0;
+        a->fail_status = class == RIC_CLASS_TIMEOUT
+                                 || (class == RIC_CLASS_CONNECT_ERROR && err == 0) ? 504 : 502;
         a->wait_us = d.wait_ms * 1000;
         a->wait_until_ms = now + d.wait_ms;
         wait_start(r, d.wait_ms);

@@ -17,6 +17,7 @@ struct ric_attempt_s {
     struct event try_timer; /* per_try_timeout, bounded by the deadline */
     int64_t start_us;
     int64_t wait_us;     /* the wait before it */
+    int64_t paid;        /* what it cost the budget (a retry), thousandths of a token */
 };
 
 /* The attempts phase's state, kept in the request across tries. */
@@ -34,6 +35,9 @@ typedef struct {
     int drain_extended;       /* the wait ended; the drain got a grace period */
     int64_t wait_until_ms;
     int64_t wait_us;
+    int64_t retry_cost;       /* what the retry being waited for costs the budget */
+    int64_t paid;             /* paid for it already (0: not yet) */
+    int fail_status;          /* the gateway's answer if the budget refuses it */
 } ric_attempts_t;
 
 /* The phase (request.c's table): sets up the retry policy and the

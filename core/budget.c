@@ -1,102 +1,278 @@
-/* budget.c: a retry budget counted in ten one-second buckets, a sliding 10 s window. */
+/* budget.c: the retry budget: adaptive tokens, or a ratio over ten one-second buckets; atomics only. */
 #include "budget.h"
 
 #include <math.h>
+#include <stdio.h>
+
+/* Every operation is a handful of atomic loads, adds and compare-and-swaps
+ * on the shared state: workers never wait for each other, and a worker
+ * killed halfway leaves at worst one count off. Relaxed ordering is
+ * enough: each field is a counter on its own; nothing is published
+ * through another. */
+#define LOAD(p) atomic_load_explicit((p), memory_order_relaxed)
+#define STORE(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
+#define ADD(p, v) atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
+#define CAS(p, old, v) \
+    atomic_compare_exchange_weak_explicit((p), (old), (v), memory_order_relaxed, \
+                                          memory_order_relaxed)
+
+/* Below any real second or millisecond. */
+#define NEVER INT64_MIN
+
+/* The healthy mark is written at most this often: a busy, healthy upstream
+ * would otherwise store into a shared cache line on every request. */
+#define HEALTHY_EVERY_MS 10
+
+void
+ric_budget_conf_default(ric_budget_conf_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->kind = RIC_BUDGET_ADAPTIVE;
+    c->max_tokens = RIC_BUDGET_MAX_DEFAULT;
+    c->wait_ms = RIC_BUDGET_WAIT_DEFAULT;
+}
+
+int
+ric_budget_same_rule(const ric_budget_conf_t *a, const ric_budget_conf_t *b)
+{
+    if (a->kind != b->kind) {
+        return 0;
+    }
+    switch (a->kind) {
+    case RIC_BUDGET_ADAPTIVE:
+        return a->max_tokens == b->max_tokens && a->wait_ms == b->wait_ms;
+    case RIC_BUDGET_RATIO:
+        return a->ratio == b->ratio && a->min_per_sec == b->min_per_sec;
+    default:
+        return 1;
+    }
+}
+
+const char *
+ric_budget_rule_text(const ric_budget_conf_t *c, char *buf, size_t size)
+{
+    switch (c->kind) {
+    case RIC_BUDGET_ADAPTIVE:
+        if (c->wait_ms % 1000 == 0) {
+            snprintf(buf, size, "adaptive max=%lld wait=%llds", (long long) c->max_tokens,
+                     (long long) (c->wait_ms / 1000));
+        } else {
+            snprintf(buf, size, "adaptive max=%lld wait=%lldms", (long long) c->max_tokens,
+                     (long long) c->wait_ms);
+        }
+        break;
+    case RIC_BUDGET_RATIO:
+        snprintf(buf, size, "%g%% min=%lld/s", c->ratio * 100.0, (long long) c->min_per_sec);
+        break;
+    default:
+        snprintf(buf, size, "off");
+    }
+    return buf;
+}
+
+void
+ric_budget_reset(ric_budget_state_t *st, const ric_budget_conf_t *c)
+{
+    int i;
+
+    STORE(&st->tokens, ric_min((int64_t) RIC_BUDGET_START, c->max_tokens * RIC_BUDGET_MILLI));
+    STORE(&st->healthy_ms, NEVER);
+    for (i = 0; i < RIC_BUDGET_BUCKETS; i++) {
+        STORE(&st->bucket_sec[i], NEVER);
+        STORE(&st->requests[i], 0);
+        STORE(&st->retries[i], 0);
+    }
+    STORE(&st->granted, 0);
+    STORE(&st->refused, 0);
+    STORE(&st->waits, 0);
+}
+
+/* --- adaptive ---------------------------------------------------------------- */
+
+static int
+recently_healthy(const ric_budget_t *b, int64_t now)
+{
+    int64_t h = LOAD(&b->st->healthy_ms);
+
+    return h != NEVER && now - h < b->conf->wait_ms;
+}
+
+static ric_budget_verdict_t
+adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int pay)
+{
+    ric_budget_state_t *st = b->st;
+    int64_t t = LOAD(&st->tokens);
+
+    while (t >= cost) {
+        if (!pay || CAS(&st->tokens, &t, t - cost)) {
+            return RIC_BUDGET_GRANTED;
+        }
+    }
+    return recently_healthy(b, now) ? RIC_BUDGET_WAIT : RIC_BUDGET_REFUSED;
+}
+
+static void
+adaptive_add(ric_budget_t *b, int64_t amount, int64_t now)
+{
+    ric_budget_state_t *st = b->st;
+    int64_t max = b->conf->max_tokens * RIC_BUDGET_MILLI, t = LOAD(&st->tokens), n;
+
+    do {
+        if (t >= max) {
+            n = t; /* full: nothing to write */
+            break;
+        }
+        n = ric_min(t + amount, max);
+    } while (!CAS(&st->tokens, &t, n));
+    if (n * 2 >= max) {
+        t = LOAD(&st->healthy_ms);
+        if (t == NEVER || now - t >= HEALTHY_EVERY_MS) {
+            STORE(&st->healthy_ms, now);
+        }
+    }
+}
+
+/* --- ratio ------------------------------------------------------------------- */
 
 /*
  * Bucket i holds second s when s mod 10 == i and bucket_sec[i] == s. A
  * bucket whose second is outside [now - 9, now] counts as zero and is reset
  * when its slot is reused, so a gap of any length needs no catch-up work.
+ * Two workers reusing a slot at once both try to swap in the new second;
+ * the one that wins zeroes it (a count landing in between is lost: the
+ * window is an estimate).
  */
-
-/* Below any real second: an unused bucket never falls inside a window. */
-#define NO_SECOND INT64_MIN
-
-void
-ric_budget_init(ric_budget_t *b, double ratio, int64_t min_per_sec)
-{
-    int i;
-
-    memset(b, 0, sizeof(*b));
-    b->ratio = ratio > 0 ? ratio : 0; /* also maps NaN to 0 */
-    b->min_per_sec = ric_max(min_per_sec, 0);
-    for (i = 0; i < RIC_BUDGET_BUCKETS; i++) {
-        b->bucket_sec[i] = NO_SECOND;
-    }
-}
-
-/* The current second. A clock that steps back (it should not: callers pass
- * a monotonic time) counts into the newest bucket rather than wiping it. */
 static int64_t
-current_second(const ric_budget_t *b, int64_t now_ms)
+second_of(int64_t now_ms)
 {
-    int64_t sec = now_ms / 1000 - (now_ms % 1000 < 0), newest = NO_SECOND;
-    int i;
-
-    for (i = 0; i < RIC_BUDGET_BUCKETS; i++) {
-        newest = ric_max(newest, b->bucket_sec[i]);
-    }
-    return ric_max(sec, newest);
+    return now_ms / 1000 - (now_ms % 1000 < 0);
 }
 
-/* The bucket for second sec, reset if it held an older second. */
 static int
-bucket_for(ric_budget_t *b, int64_t sec)
+bucket_for(ric_budget_state_t *st, int64_t sec)
 {
     int i = (int) (sec % RIC_BUDGET_BUCKETS);
+    int64_t held;
 
     if (i < 0) {
         i += RIC_BUDGET_BUCKETS;
     }
-    if (b->bucket_sec[i] != sec) {
-        b->bucket_sec[i] = sec;
-        b->requests[i] = 0;
-        b->retries[i] = 0;
+    held = LOAD(&st->bucket_sec[i]);
+    while (held < sec) {
+        if (CAS(&st->bucket_sec[i], &held, sec)) {
+            STORE(&st->requests[i], 0);
+            STORE(&st->retries[i], 0);
+            break;
+        }
     }
     return i;
 }
 
-void
-ric_budget_request(ric_budget_t *b, int64_t now_ms)
+static void
+window(ric_budget_state_t *st, int64_t sec, int64_t *requests, int64_t *retries)
 {
-    int i = bucket_for(b, current_second(b, now_ms));
+    int64_t s;
+    int i;
 
-    if (b->requests[i] < INT64_MAX) {
-        b->requests[i]++;
+    *requests = *retries = 0;
+    for (i = 0; i < RIC_BUDGET_BUCKETS; i++) {
+        s = LOAD(&st->bucket_sec[i]);
+        if (s != NEVER && s > sec - RIC_BUDGET_BUCKETS && s <= sec) {
+            *requests += LOAD(&st->requests[i]);
+            *retries += LOAD(&st->retries[i]);
+        }
     }
 }
 
-int
-ric_budget_take(ric_budget_t *b, int64_t now_ms)
+static ric_budget_verdict_t
+ratio_take(ric_budget_t *b, int64_t now, int pay)
 {
-    int64_t sec = current_second(b, now_ms), requests = 0, retries = 0, allowed, floor_min;
+    const ric_budget_conf_t *c = b->conf;
+    int64_t sec = second_of(now), requests, retries, allowed, floor_min;
     double by_ratio;
-    int i;
 
-    for (i = 0; i < RIC_BUDGET_BUCKETS; i++) {
-        if (b->bucket_sec[i] != NO_SECOND && b->bucket_sec[i] > sec - RIC_BUDGET_BUCKETS
-            && b->bucket_sec[i] <= sec) {
-            requests += b->requests[i];
-            retries += b->retries[i];
-        }
-    }
-
+    window(b->st, sec, &requests, &retries);
     /* floor(ratio * requests): a fraction of a retry is not a retry (20% of
      * 9 requests allows 1). The 1e-9 absorbs binary rounding, so 0.29 * 100
      * (28.999999999999996 in double) still allows 29. */
-    by_ratio = requests > 0 ? floor(b->ratio * (double) requests + 1e-9) : 0;
+    by_ratio = requests > 0 ? floor(c->ratio * (double) requests + 1e-9) : 0;
     allowed = by_ratio < 9.2e18 ? (int64_t) by_ratio : INT64_MAX;
-    floor_min = b->min_per_sec > INT64_MAX / RIC_BUDGET_BUCKETS
+    floor_min = c->min_per_sec > INT64_MAX / RIC_BUDGET_BUCKETS
                     ? INT64_MAX
-                    : b->min_per_sec * RIC_BUDGET_BUCKETS;
+                    : c->min_per_sec * RIC_BUDGET_BUCKETS;
     allowed = ric_max(allowed, floor_min);
-
     /* retries + 1 <= allowed, without overflowing at INT64_MAX */
     if (retries >= allowed) {
-        b->exhausted++;
-        return 0;
+        return RIC_BUDGET_REFUSED;
     }
-    i = bucket_for(b, sec);
-    b->retries[i]++;
-    return 1;
+    if (pay) {
+        ADD(&b->st->retries[bucket_for(b->st, sec)], 1);
+    }
+    return RIC_BUDGET_GRANTED;
+}
+
+/* --- the interface ----------------------------------------------------------- */
+
+void
+ric_budget_request(ric_budget_t *b, int64_t now_ms)
+{
+    if (b->conf->kind == RIC_BUDGET_RATIO) {
+        ADD(&b->st->requests[bucket_for(b->st, second_of(now_ms))], 1);
+    }
+}
+
+static ric_budget_verdict_t
+decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int pay)
+{
+    ric_budget_verdict_t v;
+
+    switch (b->conf->kind) {
+    case RIC_BUDGET_ADAPTIVE:
+        v = adaptive_take(b, cost, now_ms, pay);
+        break;
+    case RIC_BUDGET_RATIO:
+        v = ratio_take(b, now_ms, pay);
+        break;
+    default:
+        v = RIC_BUDGET_GRANTED;
+    }
+    if (v == RIC_BUDGET_REFUSED) {
+        ADD(&b->st->refused, 1);
+    } else if (v == RIC_BUDGET_WAIT && pay) {
+        ADD(&b->st->waits, 1);
+    } else if (v == RIC_BUDGET_GRANTED && pay) {
+        ADD(&b->st->granted, 1);
+    }
+    return v;
+}
+
+ric_budget_verdict_t
+ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms)
+{
+    return decide(b, cost, now_ms, 0);
+}
+
+ric_budget_verdict_t
+ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms)
+{
+    return decide(b, cost, now_ms, 1);
+}
+
+void
+ric_budget_outcome(ric_budget_t *b, int retry, int failed, int64_t paid, int64_t now_ms)
+{
+    if (b->conf->kind != RIC_BUDGET_ADAPTIVE || failed) {
+        return;
+    }
+    if (!retry) {
+        adaptive_add(b, RIC_BUDGET_EARN, now_ms);
+    } else if (paid > 0) {
+        adaptive_add(b, paid, now_ms);
+    }
+}
+
+int64_t
+ric_budget_tokens(const ric_budget_t *b)
+{
+    return LOAD(&b->st->tokens);
 }

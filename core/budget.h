@@ -1,29 +1,107 @@
-/* budget.h: a retry budget over a sliding 10-second window (per upstream, per worker). */
+/* budget.h: the retry budget of an upstream (adaptive tokens, or a ratio over 10 s), shared by all workers. */
 #ifndef RIC_BUDGET_H
 #define RIC_BUDGET_H
 
 #include "ric_core.h"
 
-#define RIC_BUDGET_BUCKETS 10 /* one-second buckets: a 10 s window */
+#include <stdatomic.h>
 
+#define RIC_BUDGET_BUCKETS 10 /* ratio form: one-second buckets, a 10 s window */
+
+/*
+ * The adaptive rule (the default), in tokens; one token pays for one retry.
+ *   - the bucket starts with RIC_BUDGET_START tokens and holds at most max;
+ *   - a request answered well at its first attempt earns RIC_BUDGET_EARN;
+ *   - a retry pays RIC_BUDGET_COST when it is sent (RIC_BUDGET_COST_TIMEOUT
+ *     after a timeout) and gets it back when it is answered well, so
+ *     retries that work pay for themselves and only failing ones drain it;
+ *   - a retry the bucket cannot pay waits and asks again (waiting costs the
+ *     upstream nothing) while the bucket was at least half full within the
+ *     last `wait`: an upstream that worked a moment ago is browned out, and
+ *     its requests ride it out; otherwise (it never earned its tokens, or
+ *     has failed for longer than `wait`) the retry is refused at once.
+ * Amounts are kept in thousandths of a token.
+ */
+#define RIC_BUDGET_MILLI 1000
+#define RIC_BUDGET_START (10 * RIC_BUDGET_MILLI)
+#define RIC_BUDGET_EARN (RIC_BUDGET_MILLI / 2)
+#define RIC_BUDGET_COST RIC_BUDGET_MILLI
+#define RIC_BUDGET_COST_TIMEOUT (2 * RIC_BUDGET_MILLI)
+#define RIC_BUDGET_MAX_DEFAULT 100
+#define RIC_BUDGET_WAIT_DEFAULT 5000 /* ms */
+
+typedef enum {
+    RIC_BUDGET_ADAPTIVE = 0,
+    RIC_BUDGET_RATIO, /* retries <= max(ratio * requests, min/s * 10) over 10 s (Linkerd's) */
+    RIC_BUDGET_OFF    /* every retry allowed */
+} ric_budget_kind_t;
+
+/* A budget rule, as retry_budget wrote it. */
+typedef struct ric_budget_conf_s {
+    ric_budget_kind_t kind;
+    int64_t max_tokens;  /* adaptive: the bucket's size, in tokens */
+    int64_t wait_ms;     /* adaptive: how long after it was last half full a retry may wait */
+    double ratio;        /* ratio: retries allowed per request */
+    int64_t min_per_sec; /* ratio: retries allowed per second regardless */
+    const char *file;    /* where it was set; NULL: the built-in default */
+    int line;
+    unsigned ctx;        /* RIC_CONF_* of the block that set it */
+} ric_budget_conf_t;
+
+/* The state of one budget, in the shared zone (every worker's view of it):
+ * atomics only, never a lock. */
 typedef struct {
-    double ratio;        /* retries allowed per request, e.g. 0.2 */
-    int64_t min_per_sec; /* retries allowed per second regardless, e.g. 10 */
-    int64_t bucket_sec[RIC_BUDGET_BUCKETS]; /* which second each bucket holds */
-    int64_t requests[RIC_BUDGET_BUCKETS];
-    int64_t retries[RIC_BUDGET_BUCKETS];
-    int64_t exhausted;   /* retries refused, ever (for logs and metrics) */
+    _Atomic int64_t tokens;     /* adaptive, in thousandths */
+    _Atomic int64_t healthy_ms; /* adaptive: last time it held >= max/2; INT64_MIN: never */
+    _Atomic int64_t bucket_sec[RIC_BUDGET_BUCKETS]; /* ratio: the second each bucket holds */
+    _Atomic int64_t requests[RIC_BUDGET_BUCKETS];
+    _Atomic int64_t retries[RIC_BUDGET_BUCKETS];
+    _Atomic int64_t granted; /* retries paid for, ever (for metrics) */
+    _Atomic int64_t refused; /* retries refused, ever */
+    _Atomic int64_t waits;   /* times a retry waited for the budget, ever */
+} ric_budget_state_t;
+
+/* A budget: its rule and its (shared) state. */
+typedef struct {
+    const ric_budget_conf_t *conf;
+    ric_budget_state_t *st;
 } ric_budget_t;
 
-/* ratio >= 0, min_per_sec >= 0. */
-void ric_budget_init(ric_budget_t *b, double ratio, int64_t min_per_sec);
+typedef enum {
+    RIC_BUDGET_GRANTED = 0, /* go ahead (take: paid for) */
+    RIC_BUDGET_WAIT,        /* ask again after a while */
+    RIC_BUDGET_REFUSED      /* no retry */
+} ric_budget_verdict_t;
 
-/* Counts a new client request at now_ms. */
+/* The default rule: adaptive max=100 wait=5s. */
+void ric_budget_conf_default(ric_budget_conf_t *c);
+
+/* Whether two rules are the same (where they were set aside). */
+int ric_budget_same_rule(const ric_budget_conf_t *a, const ric_budget_conf_t *b);
+
+/* The rule as retry_budget would write it: "adaptive max=100 wait=5s". */
+const char *ric_budget_rule_text(const ric_budget_conf_t *c, char *buf, size_t size);
+
+/* A fresh state for rule c. */
+void ric_budget_reset(ric_budget_state_t *st, const ric_budget_conf_t *c);
+
+/* Counts a new client request at now_ms (the ratio form's denominator). */
 void ric_budget_request(ric_budget_t *b, int64_t now_ms);
 
-/* Asks for one retry at now_ms: within the last 10 s, retries so far + 1 <=
- * max(ratio * requests, min_per_sec * 10). Counts it and returns 1 when
- * allowed; returns 0 and counts an exhaustion otherwise. */
-int ric_budget_take(ric_budget_t *b, int64_t now_ms);
+/* Whether a retry costing cost (thousandths) could be paid now, without
+ * paying: GRANTED, WAIT or REFUSED (counted as refused). */
+ric_budget_verdict_t ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms);
+
+/* Pays for a retry that is about to be sent: GRANTED (paid), WAIT (counted
+ * as a wait) or REFUSED (counted as refused). */
+ric_budget_verdict_t ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms);
+
+/* The outcome of an attempt: retry (it was a retry that paid `paid`),
+ * failed (its answer counts as a failure). A success earns (first
+ * attempt) or refunds (retry). */
+void ric_budget_outcome(ric_budget_t *b, int retry, int failed, int64_t paid, int64_t now_ms);
+
+/* Tokens in the bucket now, in thousandths (adaptive; for plan and tests). */
+int64_t ric_budget_tokens(const ric_budget_t *b);
 
 #endif /* RIC_BUDGET_H */

@@ -3,6 +3,7 @@
 #define RIC_CONF_H
 
 #include "ric_core.h"
+#include "budget.h"
 #include "log.h"
 #include "pool.h"
 
@@ -53,8 +54,6 @@ typedef struct {
     int64_t per_try_timeout;
     int64_t per_try_timeout_set;        /* 1: given in the config, not the default */
     int64_t retry_after_max;
-    int64_t retry_budget_permille;      /* RATIO * 1000 */
-    int64_t retry_budget_min;           /* retries per second */
     int64_t retries;
     int64_t retry_body_max;
     int64_t idempotency_key;            /* RIC_IDEMPOTENCY_* */
@@ -116,6 +115,7 @@ typedef struct {
     char *client_deadline_header;
     char *idempotency_key_header;
     char *retry_attempt_header; /* "" when off */
+    ric_budget_conf_t *retry_budget; /* its upstream's, unless the upstream block sets one */
 } ric_http_refs_t;
 
 struct ric_location_conf_s {
@@ -172,6 +172,7 @@ struct ric_upstream_server_s {
     struct sockaddr_storage addr; /* resolved when the config is loaded */
     socklen_t addrlen;
     char *addr_text;              /* "127.0.0.1:9000", for logs */
+    struct ric_peer_health_s *health; /* in the shared zone (upstream.h) */
     const char *file;
     int line;
     ric_upstream_server_t *next;
@@ -186,6 +187,9 @@ struct ric_upstream_conf_s {
     ric_upstream_server_t *servers;
     int64_t keepalive;         /* idle connections kept per worker */
     int64_t keepalive_timeout; /* ms */
+    ric_budget_conf_t *retry_budget;   /* set in the upstream block; NULL: not */
+    const ric_budget_conf_t *budget;   /* its budget's rule, whoever set it */
+    ric_budget_state_t *budget_state;  /* in the shared zone */
     const char *file;
     int line;
     ric_upstream_conf_t *next;

@@ -864,18 +864,71 @@ set_per_try_timeout(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return reason;
 }
 
+/* "max=N" or "wait=TIME" of an adaptive budget. */
+static const char *
+budget_option(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, const char *a,
+              ric_budget_conf_t *b)
+{
+    int64_t v;
+
+    if (strncmp(a, "max=", 4) == 0) {
+        if (ric_conf_parse_number(a + 4, &v) != RIC_OK || v < 1 || v > 1000000) {
+            return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected max=N tokens, 1 to "
+                                   "1000000", a, cmd->name);
+        }
+        b->max_tokens = v;
+    } else if (strncmp(a, "wait=", 5) == 0) {
+        if (ric_conf_parse_time(a + 5, &v) != RIC_OK) {
+            return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected wait=TIME, e.g. "
+                                   "wait=5s (0 never waits)", a, cmd->name);
+        }
+        b->wait_ms = v;
+    } else {
+        return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": an adaptive budget takes max=N "
+                               "and wait=TIME", a, cmd->name);
+    }
+    return NULL;
+}
+
+/* retry_budget adaptive [max=N] [wait=TIME] | RATIO [min=N/s] | off: the
+ * rule of an upstream's budget. In an upstream block it is that
+ * upstream's; elsewhere it is inherited and given to the upstreams the
+ * locations proxy to (ric_conf_finish checks that they agree). */
 static const char *
 set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    ric_http_settings_t *s = conf;
-    const char *a = cf->args[1];
+    ric_budget_conf_t *b, **slot;
+    const char *a = cf->args[1], *reason;
     size_t len = strlen(a);
     char *end;
     double ratio;
     int64_t min = 10; /* min= left out keeps the default floor */
+    int i;
 
-    if (s->retry_budget_permille != RIC_CONF_UNSET) {
+    slot = cf->ctx == RIC_CONF_UPS ? &((ric_upstream_conf_t *) conf)->retry_budget
+                                   : (ric_budget_conf_t **) ref_at(cf, cmd);
+    if (*slot != NULL) {
         return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    b = ric_pcalloc(cf->pool, sizeof(*b));
+    ric_budget_conf_default(b);
+    b->ctx = cf->ctx;
+    if (!cf->applying_defaults) {
+        b->file = cf->file;
+        b->line = cf->directive_line;
+    }
+    if (strcmp(a, "off") == 0 || strcmp(a, "adaptive") == 0) {
+        b->kind = a[0] == 'o' ? RIC_BUDGET_OFF : RIC_BUDGET_ADAPTIVE;
+        for (i = 2; i < cf->nargs; i++) {
+            if (b->kind == RIC_BUDGET_OFF) {
+                return ric_conf_reason(cf, "\"%s off\" takes no options", cmd->name);
+            }
+            if ((reason = budget_option(cf, cmd, cf->args[i], b)) != NULL) {
+                return reason;
+            }
+        }
+        *slot = b;
+        return NULL;
     }
     ratio = strtod(a, &end);
     if (end == a || !(ratio >= 0.0)) {
@@ -888,6 +941,9 @@ set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     }
     if (ratio > 100.0) {
         goto bad_ratio;
+    }
+    if (cf->nargs > 3) {
+        return ric_conf_reason(cf, "invalid number of arguments in \"%s\" directive", cmd->name);
     }
     if (cf->nargs == 3) {
         const char *m = cf->args[2];
@@ -905,13 +961,15 @@ set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
                                    cmd->name);
         }
     }
-    s->retry_budget_permille = (int64_t) (ratio * 1000.0 + 0.5);
-    s->retry_budget_min = min;
+    b->kind = RIC_BUDGET_RATIO;
+    b->ratio = (double) (int64_t) (ratio * 1000.0 + 0.5) / 1000.0;
+    b->min_per_sec = min;
+    *slot = b;
     return NULL;
 
 bad_ratio:
-    return ric_conf_reason(cf, "invalid RATIO \"%s\" in \"%s\": expected a percentage like "
-                           "20%% or a fraction like 0.2", a, cmd->name);
+    return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected adaptive, off, a percentage "
+                           "like 20%% or a fraction like 0.2", a, cmd->name);
 }
 
 static const char *
@@ -1075,9 +1133,10 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "outcomes and statuses worth a retry" },
     { "retry_after_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec, SETTINGS(retry_after_max),
       "30s", "the longest Retry-After honoured; longer ones fall back to backoff" },
-    { "retry_budget", SETTINGS_CTX, RIC_CONF_TAKE12, set_retry_budget,
-      SETTINGS(retry_budget_permille), "20% min=10/s",
-      "RATIO [min=N/s]: retries allowed per upstream over a sliding 10 s window" },
+    { "retry_budget", SETTINGS_CTX | RIC_CONF_UPS,
+      RIC_CONF_TAKE1 | RIC_CONF_TAKE2 | RIC_CONF_TAKE3 | RIC_CONF_REF, set_retry_budget,
+      REFS(retry_budget), "adaptive",
+      "adaptive [max=N] [wait=T] | RATIO [min=N/s] | off: an upstream's retry budget, shared by all workers" },
     { "retry_body_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_size, SETTINGS(retry_body_max), "1m",
       "largest request body kept for replay; larger ones get one attempt" },
     { "client_deadline_header", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_header_name,
@@ -1351,6 +1410,85 @@ link_proxy_pass(ric_conf_parse_t *cf, ric_location_conf_t *l)
     return NULL;
 }
 
+/* Where a budget rule came from, for messages: its directive, or the
+ * location that inherited the default. */
+static void
+budget_origin(const ric_budget_conf_t *b, const ric_location_conf_t *l, const char **file,
+              int *line)
+{
+    *file = b->file ? b->file : l->file;
+    *line = b->file ? b->line : l->line;
+}
+
+/* A budget has one owner, its upstream: the upstream block's retry_budget,
+ * or else the one its locations inherit, which must then be the same rule
+ * in every location that proxies to it. A location that sets a rule of its
+ * own against the upstream block's, or two locations that disagree, are
+ * errors at the line that sets the conflicting rule. */
+static const char *
+resolve_budgets(ric_conf_parse_t *cf)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    ric_upstream_conf_t *u;
+    ric_server_conf_t *s;
+    ric_location_conf_t *l, *first;
+    const ric_budget_conf_t *b;
+    const char *file, *ofile;
+    int line, oline;
+    char a[64], o[64];
+
+    for (u = http->upstreams; u; u = u->next) {
+        u->budget = u->retry_budget;
+        first = NULL;
+        for (s = http->servers; s; s = s->next) {
+            for (l = s->locations; l; l = l->next) {
+                if (l->upstream != u) {
+                    continue;
+                }
+                b = l->refs.retry_budget;
+                if (u->retry_budget != NULL) {
+                    budget_origin(b, l, &file, &line);
+                    if (b->ctx != RIC_CONF_HTTP && !ric_budget_same_rule(b, u->retry_budget)) {
+                        return ric_conf_reason(cf, "%s:%d: \"retry_budget %s\" conflicts with "
+                                               "\"retry_budget %s\" of upstream \"%s\" at %s:%d: "
+                                               "a budget belongs to its upstream; set it once",
+                                               file, line, ric_budget_rule_text(b, a, sizeof(a)),
+                                               ric_budget_rule_text(u->retry_budget, o, sizeof(o)),
+                                               u->name, u->retry_budget->file,
+                                               u->retry_budget->line);
+                    }
+                    continue;
+                }
+                if (first == NULL) {
+                    first = l;
+                    u->budget = b;
+                    continue;
+                }
+                if (!ric_budget_same_rule(b, u->budget)) {
+                    const ric_budget_conf_t *x = b, *y = u->budget;
+                    const ric_location_conf_t *lx = l, *ly = first;
+                    if (x->ctx == RIC_CONF_HTTP) { /* report the line that departs */
+                        x = u->budget, y = b, lx = first, ly = l;
+                    }
+                    budget_origin(x, lx, &file, &line);
+                    budget_origin(y, ly, &ofile, &oline);
+                    return ric_conf_reason(cf, "%s:%d: \"retry_budget %s\" for upstream \"%s\" "
+                                           "differs from \"retry_budget %s\" at %s:%d: locations "
+                                           "that share an upstream share its budget; set "
+                                           "retry_budget once, in its upstream block",
+                                           file, line, ric_budget_rule_text(x, a, sizeof(a)),
+                                           u->name, ric_budget_rule_text(y, o, sizeof(o)), ofile,
+                                           oline);
+                }
+            }
+        }
+        if (u->budget == NULL) {
+            u->budget = http->refs.retry_budget; /* no location uses it */
+        }
+    }
+    return NULL;
+}
+
 const char *
 ric_conf_finish(ric_conf_parse_t *cf)
 {
@@ -1403,6 +1541,10 @@ ric_conf_finish(ric_conf_parse_t *cf)
                 return ric_conf_reported;
             }
         }
+    }
+    if ((reason = resolve_budgets(cf)) != NULL) {
+        snprintf(cf->err, cf->errlen, "%s", reason);
+        return ric_conf_reported;
     }
     for (u = c->http->upstreams; u; u = u->next) {
         ric_upstream_server_t *us, *next;

@@ -5,6 +5,8 @@
 #include "plan.h"
 #include "process.h"
 #include "retry.h"
+#include "shm.h"
+#include "upstream.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -151,6 +153,7 @@ main(int argc, char **argv)
     char err[1024];
     ric_conf_t *conf;
     ric_log_t log;
+    ric_shm_t *zone;
 
     if (argc == 2 && strcmp(argv[1], "--directives") == 0) {
         return ric_conf_print_directives(stdout);
@@ -243,7 +246,22 @@ main(int argc, char **argv)
         ric_conf_free(conf);
         return 1;
     }
+    /* cross-worker state: made before the first fork, so every worker and
+     * every replacement sees the same budgets and health */
+    zone = ric_shm_create(ric_upstream_zone_size(conf));
+    if (zone == NULL) {
+        fprintf(stderr, "ricochet: cannot map the shared memory zone: %s\n", strerror(errno));
+        ric_conf_free(conf);
+        return 1;
+    }
+    if (ric_upstream_share(conf, zone, err, sizeof(err)) != RIC_OK) {
+        fprintf(stderr, "ricochet: %s\n", err);
+        ric_shm_destroy(zone);
+        ric_conf_free(conf);
+        return 1;
+    }
     rc = ric_process_master(conf);
     ric_conf_free(conf);
+    ric_shm_destroy(zone);
     return rc;
 }

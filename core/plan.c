@@ -105,12 +105,49 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
     fprintf(out, "\n");
 }
 
+/* An upstream's budget rule, in words. */
+static void
+print_budget(const ric_upstream_conf_t *u, FILE *out)
+{
+    const ric_budget_conf_t *b = u->budget;
+    char rule[64], where[512], a[32];
+
+    if (b->file != NULL) {
+        snprintf(where, sizeof(where), "%s:%d", b->file, b->line);
+    } else {
+        snprintf(where, sizeof(where), "the default");
+    }
+    fprintf(out, "upstream %s: retry_budget %s (%s), one budget shared by all workers\n", u->name,
+            ric_budget_rule_text(b, rule, sizeof(rule)), where);
+    switch (b->kind) {
+    case RIC_BUDGET_ADAPTIVE:
+        fprintf(out, "  a bucket of tokens: starts with %lld, holds at most %lld; a request answered "
+                "at its first attempt earns %g\n", (long long) ric_min(b->max_tokens,
+                (int64_t) (RIC_BUDGET_START / RIC_BUDGET_MILLI)), (long long) b->max_tokens,
+                (double) RIC_BUDGET_EARN / RIC_BUDGET_MILLI);
+        fprintf(out, "  a retry pays %g token (%g after a timeout) when it is sent, refunded when it "
+                "succeeds\n", (double) RIC_BUDGET_COST / RIC_BUDGET_MILLI,
+                (double) RIC_BUDGET_COST_TIMEOUT / RIC_BUDGET_MILLI);
+        fprintf(out, "  bucket empty: the retry waits and asks again while the bucket was at least "
+                "half full within the last %s, else it is refused (\"budget\")\n\n",
+                fmt_ms(b->wait_ms, a, sizeof(a)));
+        break;
+    case RIC_BUDGET_RATIO:
+        fprintf(out, "  retries in any 10 s <= max(%g%% of its requests, %lld)\n\n",
+                b->ratio * 100.0, (long long) (b->min_per_sec * RIC_BUDGET_BUCKETS));
+        break;
+    default:
+        fprintf(out, "  no budget: every retry the route allows is made\n\n");
+    }
+}
+
 int
 ric_plan_print(const ric_conf_t *conf, const char *filter, FILE *out)
 {
     const ric_server_conf_t *s;
     const ric_location_conf_t *l;
-    int n = 0;
+    const ric_upstream_conf_t *u;
+    int n = 0, used;
 
     if (conf->http == NULL) {
         return 0;
@@ -123,6 +160,18 @@ ric_plan_print(const ric_conf_t *conf, const char *filter, FILE *out)
             }
             print_route(s, l, out);
             n++;
+        }
+    }
+    for (u = conf->http->upstreams; u && n > 0; u = u->next) {
+        used = 0;
+        for (s = conf->http->servers; s && !used; s = s->next) {
+            for (l = s->locations; l && !used; l = l->next) {
+                used = l->upstream == u
+                       && (filter == NULL || strncmp(l->path, filter, strlen(filter)) == 0);
+            }
+        }
+        if (used) {
+            print_budget(u, out);
         }
     }
     return n;

@@ -144,7 +144,7 @@ ric_retry_reason_name(ric_retry_reason_t reason)
     static const char *const names[] = {
         "retry", "retries_off", "response_started", "final_status", "class_not_retried",
         "unsafe_method", "body_not_replayable", "attempts_exhausted", "deadline",
-        "budget_exhausted", "shutting_down"
+        "budget", "shutting_down"
     };
 
     return (size_t) reason < ric_nelems(names) ? names[reason] : "unknown";
@@ -197,8 +197,17 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     if (in->now_ms + d.wait_ms >= in->deadline_ms) {
         return no(RIC_RETRY_DEADLINE);
     }
-    if (budget != NULL && !ric_budget_take(budget, in->now_ms)) {
+    /* refused only when the budget cannot pay and may not wait: a retry
+     * that may wait is paid for (or waits on) when it is about to be sent */
+    if (budget != NULL
+        && ric_budget_check(budget, ric_retry_cost(in->class), in->now_ms) == RIC_BUDGET_REFUSED) {
         return no(RIC_RETRY_BUDGET);
     }
     return d;
+}
+
+int64_t
+ric_retry_cost(unsigned class)
+{
+    return class == RIC_CLASS_TIMEOUT ? RIC_BUDGET_COST_TIMEOUT : RIC_BUDGET_COST;
 }

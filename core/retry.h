@@ -62,7 +62,7 @@ typedef enum {
     RIC_RETRY_BODY_NOT_KEPT,    /* "body_not_replayable": the body streamed through */
     RIC_RETRY_ATTEMPTS,         /* "attempts_exhausted" */
     RIC_RETRY_DEADLINE,         /* "deadline": the wait would end past the deadline */
-    RIC_RETRY_BUDGET,           /* "budget_exhausted" */
+    RIC_RETRY_BUDGET,           /* "budget": the retry budget refused it */
     RIC_RETRY_SHUTDOWN          /* "shutting_down": the worker is stopping */
 } ric_retry_reason_t;
 
@@ -83,11 +83,17 @@ extern int ric_retry_killed;
  * transient class/status (retry_on); replay-safe unless the attempt never
  * reached the upstream (connect_error); a replayable body; attempts left;
  * the wait (a valid Retry-After up to retry_after_max, else jittered
- * backoff) ending before the deadline; and last the budget, from which an
- * allowed retry is taken. rnd/ctx draw the jitter. Pure but for the budget. */
+ * backoff) ending before the deadline; and last the budget, which refuses
+ * only a retry it can neither pay for nor let wait (the retry is paid for
+ * with ric_budget_take when it is about to be sent). rnd/ctx draw the
+ * jitter. Pure: the budget is only read. */
 ric_retry_decision_t ric_retry_decide(const ric_retry_policy_t *policy,
                                       const ric_retry_input_t *in, ric_budget_t *budget,
                                       ric_rand_pt rnd, void *ctx);
+
+/* What a retry after an attempt of this class costs the budget
+ * (thousandths of a token): a timeout costs double. */
+int64_t ric_retry_cost(unsigned class);
 
 /* Whether status or class is in retry_on. */
 int ric_retry_on_match(const ric_retry_on_t *on, unsigned class, int status);

@@ -3,10 +3,69 @@
 #include "log.h"
 
 #include <errno.h>
+#include <stdio.h>
+
+#define LOAD(p) atomic_load_explicit((p), memory_order_relaxed)
+#define STORE(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
 
 /* Connection objects are reused, so a new upstream connection allocates
  * nothing once the worker is warm. */
 static ric_upconn_t *free_conns;
+
+/* A zone made for an unshared conf (a test calling init_all directly). */
+static ric_shm_t *private_zone;
+
+size_t
+ric_upstream_zone_size(const ric_conf_t *conf)
+{
+    size_t n = 0;
+    const ric_upstream_conf_t *u;
+
+    for (u = conf->http ? conf->http->upstreams : NULL; u; u = u->next) {
+        n += 1 + (size_t) u->nservers;
+    }
+    /* an entry is a few hundred bytes; the rest is room for reloads and
+     * counters (untouched pages cost nothing) */
+    return ((size_t) 1 << 20) + n * 1024;
+}
+
+int
+ric_upstream_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
+{
+    ric_upstream_conf_t *u;
+    ric_upstream_server_t *s, *t;
+    char name[512];
+    int created, dup;
+
+    for (u = conf->http ? conf->http->upstreams : NULL; u; u = u->next) {
+        snprintf(name, sizeof(name), "budget:%s", u->name);
+        u->budget_state = ric_shm_entry(zone, name, sizeof(ric_budget_state_t), &created);
+        if (u->budget_state == NULL) {
+            goto full;
+        }
+        if (created) {
+            ric_budget_reset(u->budget_state, u->budget);
+        }
+        for (s = u->servers; s; s = s->next) {
+            /* the same address listed twice is two servers */
+            for (dup = 0, t = u->servers; t != s; t = t->next) {
+                dup += strcmp(t->addr_text, s->addr_text) == 0;
+            }
+            snprintf(name, sizeof(name), dup ? "peer:%s:%s#%d" : "peer:%s:%s", u->name,
+                     s->addr_text, dup + 1);
+            s->health = ric_shm_entry(zone, name, sizeof(ric_peer_health_t), &created);
+            if (s->health == NULL) {
+                goto full;
+            }
+        }
+    }
+    return RIC_OK;
+
+full:
+    snprintf(err, errlen, "the shared memory zone (%zu bytes) cannot hold \"%s\"",
+             ric_shm_size(zone), name);
+    return RIC_ERROR;
+}
 
 ric_upstream_t *
 ric_upstream_init_all(ric_conf_t *conf, struct event_base *base)
@@ -14,20 +73,31 @@ ric_upstream_init_all(ric_conf_t *conf, struct event_base *base)
     ric_upstream_t *ups;
     ric_upstream_conf_t *uc;
     ric_upstream_server_t *s;
+    char err[256];
     int i;
 
     if (conf->http == NULL || conf->http->nupstreams == 0) {
         return NULL;
+    }
+    if (conf->http->upstreams->budget_state == NULL) {
+        ric_shm_destroy(private_zone);
+        private_zone = ric_shm_create(ric_upstream_zone_size(conf));
+        if (private_zone == NULL || ric_upstream_share(conf, private_zone, err, sizeof(err))
+                                        != RIC_OK) {
+            ric_assert(!"cannot make a private zone for the upstreams");
+        }
     }
     ups = ric_xcalloc((size_t) conf->http->nupstreams, sizeof(*ups));
     for (uc = conf->http->upstreams; uc; uc = uc->next) {
         ric_upstream_t *u = &ups[uc->index];
         u->conf = uc;
         u->base = base;
-        ric_budget_init(&u->budget, 0.2, 10);
+        u->budget.conf = uc->budget;
+        u->budget.st = uc->budget_state;
         u->peers = ric_xcalloc((size_t) uc->nservers, sizeof(ric_peer_t));
         for (i = 0, s = uc->servers; s && i < uc->nservers; s = s->next, i++) {
             u->peers[i].conf = s;
+            u->peers[i].health = s->health;
         }
         u->npeers = i;
     }
@@ -84,10 +154,16 @@ ric_upstream_free_all(ric_upstream_t *ups, int n)
     }
 }
 
+static int64_t
+down_until(const ric_peer_t *p)
+{
+    return LOAD(&p->health->down_until);
+}
+
 static int
 peer_up(const ric_peer_t *p, int64_t now)
 {
-    return p->down_until <= now;
+    return down_until(p) <= now;
 }
 
 ric_peer_t *
@@ -120,39 +196,55 @@ ric_upstream_pick(ric_upstream_t *u, const ric_peer_t *avoid, int64_t now)
         return best;
     }
     for (i = 0; i < u->npeers; i++) {
-        if (soonest == NULL || u->peers[i].down_until < soonest->down_until) {
+        if (soonest == NULL || down_until(&u->peers[i]) < down_until(soonest)) {
             soonest = &u->peers[i];
         }
     }
     return soonest;
 }
 
+/* Several workers may report on one server at once. Each step is one
+ * atomic operation; racing reports can at worst make a count start over a
+ * moment late or take the server down once more than needed: the same
+ * decisions nginx makes per worker, agreed by all of them. */
 void
 ric_upstream_report(ric_upstream_t *u, ric_peer_t *p, int failed, int64_t now)
 {
     const ric_upstream_server_t *s = p->conf;
+    ric_peer_health_t *h = p->health;
+    int64_t fails, prev;
 
     if (!failed) {
         /* an answer proves it up: the count starts over, as in nginx */
-        p->fails = 0;
+        if (LOAD(&h->fails) != 0) {
+            STORE(&h->fails, 0);
+        }
         return;
     }
     if (s->max_fails == 0 || u->npeers == 1) {
         return;
     }
-    if (p->fails > 0 && p->fails < s->max_fails && now - p->fail_window_start >= s->fail_timeout) {
-        p->fails = 0; /* earlier failures are too old to add up */
+    fails = LOAD(&h->fails);
+    if (fails > 0 && fails < s->max_fails
+        && now - LOAD(&h->fail_window_start) >= s->fail_timeout) {
+        /* earlier failures are too old to add up */
+        if (atomic_compare_exchange_strong(&h->fails, &fails, 0)) {
+            fails = 0;
+        }
     }
-    if (p->fails == 0) {
-        p->fail_window_start = now;
+    if (fails == 0) {
+        STORE(&h->fail_window_start, now);
     }
     /* the count is not reset when the server goes down: after fail_timeout
      * one failed trial takes it down again, as in nginx */
-    if (++p->fails >= s->max_fails) {
-        p->down_until = now + s->fail_timeout;
-        ric_log_error(RIC_LOG_WARN, 0, "upstream server %s of \"%s\" marked down for %lldms "
-                      "after %d failures", s->addr_text, u->conf->name,
-                      (long long) s->fail_timeout, p->fails);
+    fails = atomic_fetch_add(&h->fails, 1) + 1;
+    if (fails >= s->max_fails) {
+        prev = atomic_exchange(&h->down_until, now + s->fail_timeout);
+        if (prev <= now) { /* this report took it down: log it once */
+            ric_log_error(RIC_LOG_WARN, 0, "upstream server %s of \"%s\" marked down for %lldms "
+                          "after %lld failures", s->addr_text, u->conf->name,
+                          (long long) s->fail_timeout, (long long) fails);
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 #include "budget.h"
 #include "conf.h"
 #include "io.h"
+#include "shm.h"
 
 #include <event2/event.h>
 #include <event2/event_struct.h>
@@ -13,13 +14,20 @@
 typedef struct ric_upstream_s ric_upstream_t;
 typedef struct ric_upconn_s ric_upconn_t;
 
-/* One server address with its balancing and health state (per worker). */
+/* The passive health of one server address, in the shared zone: every
+ * worker counts into it and skips a server any worker marked down. */
+typedef struct ric_peer_health_s {
+    _Atomic int64_t fails;             /* failures since fail_window_start */
+    _Atomic int64_t fail_window_start; /* ms */
+    _Atomic int64_t down_until;        /* ms; 0: up */
+} ric_peer_health_t;
+
+/* One server address: its balancing state (this worker's) and its health
+ * (everyone's). */
 typedef struct {
     ric_upstream_server_t *conf;
     int64_t current_weight; /* smooth weighted round robin */
-    int fails;              /* failures since fail_window_start */
-    int64_t fail_window_start;
-    int64_t down_until;     /* ms; 0: up */
+    ric_peer_health_t *health;
 } ric_peer_t;
 
 /* A pooled connection idle for longer than this is checked with a
@@ -53,11 +61,21 @@ struct ric_upstream_s {
     ric_upconn_t *idle_tail;
     int nidle;
     struct event_base *base;
-    ric_budget_t budget; /* retries over the last 10 s, this worker */
+    ric_budget_t budget; /* its rule and its state in the shared zone */
 };
 
+/* The master, before it forks: gives every upstream's budget and every
+ * server's health an entry in zone ("budget:NAME", "peer:NAME:ADDR"),
+ * fresh when new, kept when the name was there already. RIC_ERROR with
+ * err set when the zone is full. */
+int ric_upstream_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen);
+
+/* The zone size that holds conf's shared state, with room to spare. */
+size_t ric_upstream_zone_size(const ric_conf_t *conf);
+
 /* Builds the runtime state of every upstream of conf for this worker; the
- * array is indexed by ric_upstream_conf_t.index. Never fails (aborts on OOM). */
+ * array is indexed by ric_upstream_conf_t.index. An unshared conf (tests)
+ * gets a zone of its own. Never fails (aborts on OOM). */
 ric_upstream_t *ric_upstream_init_all(ric_conf_t *conf, struct event_base *base);
 
 /* Closes idle connections and frees the array. */

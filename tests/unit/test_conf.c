@@ -310,6 +310,108 @@ test_grammar_and_inheritance(void)
     }
 }
 
+/* The retry budget's one owner: the upstream. */
+static void
+test_budget_owner(void)
+{
+    char err[1024], want[1024];
+    ric_conf_t *conf;
+    const ric_upstream_conf_t *u;
+
+    UNIT_CASE("the default budget: adaptive max=100 wait=5s");
+    conf = load("http {\n upstream b { server 127.0.0.1:1; }\n"
+                " server { listen 127.0.0.1:1; location / { proxy_pass http://b; } }\n}\n",
+                err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        u = conf->http->upstreams;
+        UNIT_CHECK_INT(u->budget->kind, RIC_BUDGET_ADAPTIVE);
+        UNIT_CHECK_INT(u->budget->max_tokens, 100);
+        UNIT_CHECK_INT(u->budget->wait_ms, 5000);
+    }
+    ric_conf_free(conf);
+
+    UNIT_CASE("the upstream block sets it; an http one is the default it overrides");
+    conf = load("http {\n retry_budget 20%;\n"
+                " upstream b { server 127.0.0.1:1; retry_budget adaptive max=50 wait=2s; }\n"
+                " upstream c { server 127.0.0.1:2; }\n"
+                " server { listen 127.0.0.1:1; location / { proxy_pass http://b; }\n"
+                "   location /c { proxy_pass http://c; } location /d { proxy_pass http://127.0.0.1:3; } }\n}\n",
+                err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        u = conf->http->upstreams;
+        UNIT_CHECK_INT(u->budget->kind, RIC_BUDGET_ADAPTIVE);
+        UNIT_CHECK_INT(u->budget->max_tokens, 50);
+        UNIT_CHECK_INT(u->budget->wait_ms, 2000);
+        UNIT_CHECK_INT(u->next->budget->kind, RIC_BUDGET_RATIO);
+        UNIT_CHECK(u->next->budget->ratio == 0.2);
+        UNIT_CHECK_INT(u->next->budget->min_per_sec, 10);
+        UNIT_CHECK_INT(u->next->next->budget->kind, RIC_BUDGET_RATIO); /* implicit */
+    }
+    ric_conf_free(conf);
+
+    UNIT_CASE("a location's budget goes to its upstream; locations that agree are fine");
+    conf = load("http {\n upstream b { server 127.0.0.1:1; }\n"
+                " server { listen 127.0.0.1:1; retry_budget off;\n"
+                "   location / { proxy_pass http://b; } location /x { proxy_pass http://b; } }\n}\n",
+                err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        UNIT_CHECK_INT(conf->http->upstreams->budget->kind, RIC_BUDGET_OFF);
+    }
+    ric_conf_free(conf);
+
+    UNIT_CASE("two locations, one upstream, two budgets");
+    snprintf(want, sizeof(want), "%s/t.conf:6: \"retry_budget 50%% min=10/s\" for upstream \"b\" "
+             "differs from \"retry_budget 20%% min=10/s\" at %s/t.conf:5: locations that share an "
+             "upstream share its budget; set retry_budget once, in its upstream block", dir, dir);
+    load("http {\n upstream b { server 127.0.0.1:1; }\n server {\n  listen 127.0.0.1:1;\n"
+         "  location / { proxy_pass http://b; retry_budget 20%; }\n"
+         "  location /x { proxy_pass http://b; retry_budget 50%; }\n }\n}\n", err, sizeof(err));
+    UNIT_CHECK_STR(err, want);
+
+    UNIT_CASE("the line reported is the one that departs from the default");
+    conf = load("http {\n upstream b { server 127.0.0.1:1; }\n server {\n  listen 127.0.0.1:1;\n"
+                "  location / { proxy_pass http://b; }\n"
+                "  location /x { proxy_pass http://b; retry_budget off; }\n }\n}\n", err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    snprintf(want, sizeof(want), "%s/t.conf:6: \"retry_budget off\" for upstream \"b\" differs "
+             "from \"retry_budget adaptive max=100 wait=5s\" at %s/t.conf:5: locations that share "
+             "an upstream share its budget; set retry_budget once, in its upstream block", dir, dir);
+    UNIT_CHECK_STR(err, want);
+    ric_conf_free(conf);
+
+    UNIT_CASE("a location against its upstream block");
+    conf = load("http {\n upstream b { server 127.0.0.1:1;\n  retry_budget adaptive; }\n"
+                " server {\n  listen 127.0.0.1:1;\n"
+                "  location / { proxy_pass http://b;\n   retry_budget 10%; }\n }\n}\n", err,
+                sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    snprintf(want, sizeof(want), "%s/t.conf:7: \"retry_budget 10%% min=10/s\" conflicts with "
+             "\"retry_budget adaptive max=100 wait=5s\" of upstream \"b\" at %s/t.conf:3: a budget "
+             "belongs to its upstream; set it once", dir, dir);
+    UNIT_CHECK_STR(err, want);
+    ric_conf_free(conf);
+
+    check_error("a bad option", "http {\n retry_budget adaptive max=0;\n}\n", 2,
+                "invalid \"max=0\" in \"retry_budget\": expected max=N tokens, 1 to 1000000");
+    check_error("a bad wait", "http {\n retry_budget adaptive wait=soon;\n}\n", 2,
+                "invalid \"wait=soon\" in \"retry_budget\": expected wait=TIME, e.g. wait=5s (0 "
+                "never waits)");
+    check_error("ratio options on adaptive", "http {\n retry_budget adaptive min=1/s;\n}\n", 2,
+                "invalid \"min=1/s\" in \"retry_budget\": an adaptive budget takes max=N and "
+                "wait=TIME");
+    check_error("off takes nothing", "http {\n retry_budget off max=3;\n}\n", 2,
+                "\"retry_budget off\" takes no options");
+    check_error("a bad word", "http {\n retry_budget lots;\n}\n", 2,
+                "invalid \"lots\" in \"retry_budget\": expected adaptive, off, a percentage like "
+                "20% or a fraction like 0.2");
+    check_error("twice in an upstream",
+                "http {\n upstream b { server 127.0.0.1:1; retry_budget off;\n retry_budget off; }\n}\n",
+                3, "\"retry_budget\" directive is duplicate");
+}
+
 int
 main(void)
 {
@@ -323,6 +425,7 @@ main(void)
     }
     test_values();
     test_errors();
+    test_budget_owner();
     test_include();
     test_grammar_and_inheritance();
     rc = UNIT_DONE("conf");

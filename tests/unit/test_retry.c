@@ -64,6 +64,8 @@ main(void)
     ric_retry_decision_t d;
     ric_retry_on_t on;
     ric_budget_t budget;
+    ric_budget_conf_t bconf;
+    ric_budget_state_t bstate;
     int64_t ms;
     int i;
 
@@ -181,22 +183,40 @@ main(void)
     UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 0);
     p = policy();
 
-    UNIT_CASE("the budget is asked last, and only for retries");
-    ric_budget_init(&budget, 0.0, 0); /* no retries at all */
-    in = input();
-    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "budget_exhausted");
-    UNIT_CHECK_INT(budget.exhausted, 1);
-    in.status = 404;
-    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "final_status");
-    UNIT_CHECK_INT(budget.exhausted, 1);
-    ric_budget_init(&budget, 0.5, 0);
-    for (i = 0; i < 4; i++) {
-        ric_budget_request(&budget, 1000);
+    UNIT_CASE("the budget is asked last, only for retries, and only read");
+    ric_budget_conf_default(&bconf);
+    bconf.wait_ms = 0;
+    budget.conf = &bconf;
+    budget.st = &bstate;
+    ric_budget_reset(&bstate, &bconf);
+    while (ric_budget_take(&budget, RIC_BUDGET_COST, 1000) == RIC_BUDGET_GRANTED) {
     }
     in = input();
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "budget");
+    UNIT_CHECK_INT(bstate.refused, 2);
+    in.status = 404;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "final_status");
+    UNIT_CHECK_INT(bstate.refused, 2);
+    ric_budget_reset(&bstate, &bconf);
+    in = input();
+    for (i = 0; i < 20; i++) {
+        UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 1);
+    }
+    UNIT_CHECK_INT(ric_budget_tokens(&budget), RIC_BUDGET_START); /* deciding pays nothing */
+
+    UNIT_CASE("a budget that may wait does not refuse");
+    bconf.wait_ms = 5000;
+    ric_budget_reset(&bstate, &bconf);
+    for (i = 0; i < 100; i++) {
+        ric_budget_outcome(&budget, 0, 0, 0, 1000); /* healthy: the bucket fills */
+    }
+    while (ric_budget_take(&budget, RIC_BUDGET_COST, 1000) == RIC_BUDGET_GRANTED) {
+    }
     UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 1);
-    UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 1);
-    UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 0); /* 2 of 4 used */
+
+    UNIT_CASE("a timeout's retry costs double");
+    UNIT_CHECK_INT(ric_retry_cost(RIC_CLASS_TIMEOUT), 2 * ric_retry_cost(RIC_CLASS_STATUS));
+    UNIT_CHECK_INT(ric_retry_cost(RIC_CLASS_RESET), RIC_BUDGET_COST);
 
     UNIT_CASE("retry_on parsing");
     UNIT_CHECK(ric_retry_on_parse(&on, bad, 2) == bad[1]);

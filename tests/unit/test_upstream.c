@@ -73,9 +73,9 @@ main(void)
 
     UNIT_CASE("max_fails failures within fail_timeout mark a server down");
     ric_upstream_report(h, &h->peers[0], 1, now);
-    UNIT_CHECK_INT(h->peers[0].down_until, 0); /* one failure of two */
+    UNIT_CHECK_INT(h->peers[0].health->down_until, 0); /* one failure of two */
     ric_upstream_report(h, &h->peers[0], 1, now + 100);
-    UNIT_CHECK_INT(h->peers[0].down_until, now + 100 + 10000);
+    UNIT_CHECK_INT(h->peers[0].health->down_until, now + 100 + 10000);
     for (i = 0; i < 10; i++) {
         UNIT_CHECK(ric_upstream_pick(h, NULL, now + 200) == &h->peers[1]);
     }
@@ -90,17 +90,17 @@ main(void)
 
     UNIT_CASE("back after fail_timeout, one failed trial takes it down again (nginx)");
     ric_upstream_report(h, &h->peers[0], 1, now + 10200);
-    UNIT_CHECK_INT(h->peers[0].down_until, now + 10200 + 10000);
+    UNIT_CHECK_INT(h->peers[0].health->down_until, now + 10200 + 10000);
     UNIT_CASE("an answer starts the count over");
     ric_upstream_report(h, &h->peers[0], 0, now + 20300);
-    UNIT_CHECK_INT(h->peers[0].fails, 0);
+    UNIT_CHECK_INT(h->peers[0].health->fails, 0);
     ric_upstream_report(h, &h->peers[0], 1, now + 20400);
-    UNIT_CHECK(h->peers[0].down_until <= now + 20400); /* one failure of two */
+    UNIT_CHECK(h->peers[0].health->down_until <= now + 20400); /* one failure of two */
 
     UNIT_CASE("failures further apart than fail_timeout do not add up");
     ric_upstream_report(h, &h->peers[1], 1, now + 20000);
     ric_upstream_report(h, &h->peers[1], 1, now + 40000);
-    UNIT_CHECK(h->peers[1].down_until <= now + 40000);
+    UNIT_CHECK(h->peers[1].health->down_until <= now + 40000);
 
     UNIT_CASE("all down: the one that comes back first");
     ric_upstream_report(h, &h->peers[0], 1, now + 50000);
@@ -113,14 +113,14 @@ main(void)
     for (i = 0; i < 5; i++) {
         ric_upstream_report(one, &one->peers[0], 1, now);
     }
-    UNIT_CHECK_INT(one->peers[0].down_until, 0);
+    UNIT_CHECK_INT(one->peers[0].health->down_until, 0);
     UNIT_CHECK(ric_upstream_pick(one, NULL, now) == &one->peers[0]);
 
     UNIT_CASE("max_fails=0 turns the check off");
     for (i = 0; i < 5; i++) {
         ric_upstream_report(off, &off->peers[0], 1, now);
     }
-    UNIT_CHECK_INT(off->peers[0].down_until, 0);
+    UNIT_CHECK_INT(off->peers[0].health->down_until, 0);
 
     ric_upstream_free_all(ups, conf->http->nupstreams);
     ric_conf_free(conf);
