@@ -99,14 +99,20 @@ fuzz: $(BUILD)/default_conf.c
 	        -artifact_prefix=$(BUILD)/fuzz/ $$work $$corpus; \
 	done
 
-bench: $(BUILD)/ricochet
+# The open-loop load generator of the fault benchmark: libevent only.
+$(BUILD)/openloop: contrib/bench/openloop.c
+	@mkdir -p $(BUILD)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) $(shell pkg-config --cflags libevent) -o $@ $< \
+	    $(LDFLAGS) $(shell pkg-config --libs libevent) -lm
+
+bench: $(BUILD)/ricochet $(BUILD)/openloop
 	@sh contrib/deps.sh bench
 	sh contrib/bench/run.sh
-	sh contrib/bench/faults.sh
+	OPENLOOP_BIN=$(abspath $(BUILD))/openloop sh contrib/bench/faults.sh
 
-bench-faults: $(BUILD)/ricochet
+bench-faults: $(BUILD)/ricochet $(BUILD)/openloop
 	@sh contrib/deps.sh bench
-	sh contrib/bench/faults.sh
+	OPENLOOP_BIN=$(abspath $(BUILD))/openloop sh contrib/bench/faults.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/etc/ricochet

@@ -150,6 +150,7 @@ put_json_cstr(out_t *o, const char *s)
 void
 ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
 {
+    static pid_t pid;
     char line[LINE_MAX_BYTES], ts[40];
     out_t o = { line, line + sizeof(line) - 2 };
     struct timeval tv;
@@ -164,7 +165,11 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
     gmtime_r(&tv.tv_sec, &tm);
     strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
 
-    putf(&o, "{\"time\":\"%s.%03ldZ\",\"client\":", ts, (long) (tv.tv_usec / 1000));
+    if (pid == 0) {
+        pid = getpid(); /* only workers write lines: the first one is in the worker */
+    }
+    putf(&o, "{\"time\":\"%s.%03ldZ\",\"pid\":%d,\"client\":", ts, (long) (tv.tv_usec / 1000),
+         (int) pid);
     put_json_cstr(&o, e->client);
     put_lit(&o, ",\"method\":");
     put_json(&o, e->method.data, e->method.len);

@@ -253,6 +253,7 @@ attempt_start(ric_request_t *r)
     u->wait_us = a->wait_us;
     u->paid = a->paid;
     a->paid = 0;
+    a->paid_for = 0;
     a->current = u;
     ric_upstream_request_build(r, u->number, &a->head);
     u->start_us = ric_now_us();
@@ -285,12 +286,12 @@ budget_gate(ric_request_t *r, int64_t now)
     ric_attempts_t *a = &r->attempts;
     int64_t initial = ric_max(r->policy.backoff.initial_ms, (int64_t) 2), ms;
 
-    if (a->count == 0 || a->paid > 0) {
+    if (a->count == 0 || a->paid_for) {
         return RIC_OK;
     }
-    switch (ric_budget_take(&r->up->budget, a->retry_cost, now)) {
+    switch (ric_budget_take(&r->up->budget, a->retry_cost, now, &a->paid)) {
     case RIC_BUDGET_GRANTED:
-        a->paid = a->retry_cost;
+        a->paid_for = 1;
         return RIC_OK;
     case RIC_BUDGET_WAIT:
         /* ask again in [initial/2, 3 initial/2): jittered, so the waiting
@@ -481,7 +482,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     failed = class != RIC_CLASS_STATUS
              || ric_retry_on_match(r->policy.retry_on, RIC_CLASS_STATUS, status);
     ric_upstream_report(r->up, h->peer, failed, now);
-    ric_budget_outcome(&r->up->budget, u->number > 1, failed, u->paid, now);
+    ric_budget_outcome(&r->up->budget, failed, u->paid, now);
     u->paid = 0; /* a bad chunked body comes back here: earn once */
 
     memset(&in, 0, sizeof(in));
@@ -531,6 +532,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         a->waiting = 1;
         a->retry_cost = ric_retry_cost(class);
         a->paid = 0;
+        a->paid_for = 0;
         a->fail_status = class == RIC_CLASS_TIMEOUT
                                  || (class == RIC_CLASS_CONNECT_ERROR && err == 0) ? 504 : 502;
         a->wait_us = d.wait_ms * 1000;

@@ -36,7 +36,8 @@ typedef struct {
     int64_t wait_until_ms;
     int64_t wait_us;
     int64_t retry_cost;       /* what the retry being waited for costs the budget */
-    int64_t paid;             /* paid for it already (0: not yet) */
+    int64_t paid;             /* what it paid (0: nothing, or a probe) */
+    int paid_for;             /* the budget let it go */
     int fail_status;          /* the gateway's answer if the budget refuses it */
 } ric_attempts_t;
 

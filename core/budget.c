@@ -77,6 +77,7 @@ ric_budget_reset(ric_budget_state_t *st, const ric_budget_conf_t *c)
 
     STORE(&st->tokens, ric_min((int64_t) RIC_BUDGET_START, c->max_tokens * RIC_BUDGET_MILLI));
     STORE(&st->healthy_ms, NEVER);
+    STORE(&st->probe_ms, NEVER);
     for (i = 0; i < RIC_BUDGET_BUCKETS; i++) {
         STORE(&st->bucket_sec[i], NEVER);
         STORE(&st->requests[i], 0);
@@ -98,17 +99,31 @@ recently_healthy(const ric_budget_t *b, int64_t now)
 }
 
 static ric_budget_verdict_t
-adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int pay)
+adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int64_t *paid)
 {
     ric_budget_state_t *st = b->st;
-    int64_t t = LOAD(&st->tokens);
+    int64_t t = LOAD(&st->tokens), p;
 
     while (t >= cost) {
-        if (!pay || CAS(&st->tokens, &t, t - cost)) {
+        if (paid == NULL || CAS(&st->tokens, &t, t - cost)) {
+            if (paid != NULL) {
+                *paid = cost;
+            }
             return RIC_BUDGET_GRANTED;
         }
     }
-    return recently_healthy(b, now) ? RIC_BUDGET_WAIT : RIC_BUDGET_REFUSED;
+    if (!recently_healthy(b, now)) {
+        return RIC_BUDGET_REFUSED;
+    }
+    if (paid != NULL) {
+        /* the first to ask after RIC_BUDGET_PROBE_MS goes, unpaid */
+        p = LOAD(&st->probe_ms);
+        if ((p == NEVER || now - p >= RIC_BUDGET_PROBE_MS) && CAS(&st->probe_ms, &p, now)) {
+            *paid = 0;
+            return RIC_BUDGET_GRANTED;
+        }
+    }
+    return RIC_BUDGET_WAIT;
 }
 
 static void
@@ -185,7 +200,7 @@ window(ric_budget_state_t *st, int64_t sec, int64_t *requests, int64_t *retries)
 }
 
 static ric_budget_verdict_t
-ratio_take(ric_budget_t *b, int64_t now, int pay)
+ratio_take(ric_budget_t *b, int64_t now, int64_t *paid)
 {
     const ric_budget_conf_t *c = b->conf;
     int64_t sec = second_of(now), requests, retries, allowed, floor_min;
@@ -205,8 +220,9 @@ ratio_take(ric_budget_t *b, int64_t now, int pay)
     if (retries >= allowed) {
         return RIC_BUDGET_REFUSED;
     }
-    if (pay) {
+    if (paid != NULL) {
         ADD(&b->st->retries[bucket_for(b->st, sec)], 1);
+        *paid = 0;
     }
     return RIC_BUDGET_GRANTED;
 }
@@ -221,20 +237,25 @@ ric_budget_request(ric_budget_t *b, int64_t now_ms)
     }
 }
 
+/* paid NULL: only asks. */
 static ric_budget_verdict_t
-decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int pay)
+decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int64_t *paid)
 {
     ric_budget_verdict_t v;
+    int pay = paid != NULL;
 
     switch (b->conf->kind) {
     case RIC_BUDGET_ADAPTIVE:
-        v = adaptive_take(b, cost, now_ms, pay);
+        v = adaptive_take(b, cost, now_ms, paid);
         break;
     case RIC_BUDGET_RATIO:
-        v = ratio_take(b, now_ms, pay);
+        v = ratio_take(b, now_ms, paid);
         break;
     default:
         v = RIC_BUDGET_GRANTED;
+        if (pay) {
+            *paid = 0;
+        }
     }
     if (v == RIC_BUDGET_REFUSED) {
         ADD(&b->st->refused, 1);
@@ -249,25 +270,22 @@ decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int pay)
 ric_budget_verdict_t
 ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms)
 {
-    return decide(b, cost, now_ms, 0);
+    return decide(b, cost, now_ms, NULL);
 }
 
 ric_budget_verdict_t
-ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms)
+ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms, int64_t *paid)
 {
-    return decide(b, cost, now_ms, 1);
+    int64_t ignored;
+
+    return decide(b, cost, now_ms, paid != NULL ? paid : &ignored);
 }
 
 void
-ric_budget_outcome(ric_budget_t *b, int retry, int failed, int64_t paid, int64_t now_ms)
+ric_budget_outcome(ric_budget_t *b, int failed, int64_t paid, int64_t now_ms)
 {
-    if (b->conf->kind != RIC_BUDGET_ADAPTIVE || failed) {
-        return;
-    }
-    if (!retry) {
-        adaptive_add(b, RIC_BUDGET_EARN, now_ms);
-    } else if (paid > 0) {
-        adaptive_add(b, paid, now_ms);
+    if (b->conf->kind == RIC_BUDGET_ADAPTIVE && !failed) {
+        adaptive_add(b, RIC_BUDGET_EARN + paid, now_ms);
     }
 }
 

@@ -11,7 +11,7 @@
 /*
  * The adaptive rule (the default), in tokens; one token pays for one retry.
  *   - the bucket starts with RIC_BUDGET_START tokens and holds at most max;
- *   - a request answered well at its first attempt earns RIC_BUDGET_EARN;
+ *   - an attempt answered well earns RIC_BUDGET_EARN;
  *   - a retry pays RIC_BUDGET_COST when it is sent (RIC_BUDGET_COST_TIMEOUT
  *     after a timeout) and gets it back when it is answered well, so
  *     retries that work pay for themselves and only failing ones drain it;
@@ -19,7 +19,11 @@
  *     upstream nothing) while the bucket was at least half full within the
  *     last `wait`: an upstream that worked a moment ago is browned out, and
  *     its requests ride it out; otherwise (it never earned its tokens, or
- *     has failed for longer than `wait`) the retry is refused at once.
+ *     has failed for longer than `wait`) the retry is refused at once;
+ *   - while retries wait, one of them goes unpaid every RIC_BUDGET_PROBE_MS
+ *     (across all workers): a probe, whose success is the first earning
+ *     when the upstream is back, so the waiting retries do not depend on
+ *     new requests arriving to refill the bucket.
  * Amounts are kept in thousandths of a token.
  */
 #define RIC_BUDGET_MILLI 1000
@@ -29,6 +33,7 @@
 #define RIC_BUDGET_COST_TIMEOUT (2 * RIC_BUDGET_MILLI)
 #define RIC_BUDGET_MAX_DEFAULT 100
 #define RIC_BUDGET_WAIT_DEFAULT 5000 /* ms */
+#define RIC_BUDGET_PROBE_MS 100
 
 typedef enum {
     RIC_BUDGET_ADAPTIVE = 0,
@@ -53,6 +58,7 @@ typedef struct ric_budget_conf_s {
 typedef struct {
     _Atomic int64_t tokens;     /* adaptive, in thousandths */
     _Atomic int64_t healthy_ms; /* adaptive: last time it held >= max/2; INT64_MIN: never */
+    _Atomic int64_t probe_ms;   /* adaptive: when the last unpaid probe went; INT64_MIN: never */
     _Atomic int64_t bucket_sec[RIC_BUDGET_BUCKETS]; /* ratio: the second each bucket holds */
     _Atomic int64_t requests[RIC_BUDGET_BUCKETS];
     _Atomic int64_t retries[RIC_BUDGET_BUCKETS];
@@ -92,14 +98,15 @@ void ric_budget_request(ric_budget_t *b, int64_t now_ms);
  * paying: GRANTED, WAIT or REFUSED (counted as refused). */
 ric_budget_verdict_t ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms);
 
-/* Pays for a retry that is about to be sent: GRANTED (paid), WAIT (counted
- * as a wait) or REFUSED (counted as refused). */
-ric_budget_verdict_t ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms);
+/* Pays for a retry that is about to be sent: GRANTED (*paid: what it paid,
+ * 0 for a probe), WAIT (counted as a wait) or REFUSED (counted as refused). */
+ric_budget_verdict_t ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms,
+                                     int64_t *paid);
 
-/* The outcome of an attempt: retry (it was a retry that paid `paid`),
- * failed (its answer counts as a failure). A success earns (first
- * attempt) or refunds (retry). */
-void ric_budget_outcome(ric_budget_t *b, int retry, int failed, int64_t paid, int64_t now_ms);
+/* The outcome of an attempt that paid `paid` (0 for a first attempt):
+ * failed (its answer counts as a failure) or not. A success earns, and
+ * gets back what it paid. */
+void ric_budget_outcome(ric_budget_t *b, int failed, int64_t paid, int64_t now_ms);
 
 /* Tokens in the bucket now, in thousandths (adaptive; for plan and tests). */
 int64_t ric_budget_tokens(const ric_budget_t *b);

@@ -345,7 +345,11 @@ ric_conn_use_settings(ric_conn_t *c, const ric_http_settings_t *s)
 int
 ric_conn_keepalive(const ric_conn_t *c)
 {
+    /* a worker with no room for another client closes after answers, so
+     * clients waiting to be accepted get a place (nginx reuses idle
+     * keep-alive connections the same way) */
     return !c->close_after && c->msg.keep_alive && !c->worker->shutting_down
+           && c->worker->nconns < c->worker->conf->worker_connections
            && c->settings->keepalive_timeout > 0
            && c->requests + 1 < c->settings->keepalive_requests
            && (c->msg.body == RIC_BODY_NONE || c->body_complete);
@@ -536,6 +540,19 @@ conn_run(ric_conn_t *c)
     if (--c->running == 0 && c->closed) {
         conn_free(c);
     }
+}
+
+int
+ric_conn_reclaim(ric_conn_t *c)
+{
+    /* idle between requests, nothing arrived and not closed by the client:
+     * a plain close, which a keep-alive client must expect at any time */
+    if (c->closed || c->state != RIC_CONN_HEAD || c->r != NULL || c->requests == 0
+        || c->in_len > 0 || c->running > 0 || !ric_io_alive(&c->io)) {
+        return 0;
+    }
+    ric_conn_close(c);
+    return 1;
 }
 
 void

@@ -84,6 +84,10 @@ void ric_conn_close(ric_conn_t *c);
  * as shutdown. */
 void ric_conn_stop(ric_conn_t *c);
 
+/* Closes c if it is idle between requests (the worker needs the room).
+ * Returns 1 when it did. */
+int ric_conn_reclaim(ric_conn_t *c);
+
 /* Graceful shutdown: closes c if it is idle between requests; otherwise it
  * closes once its current answer is written. */
 void ric_conn_shutdown(ric_conn_t *c);

@@ -14,6 +14,7 @@
 ric_worker_t *ric_worker;
 
 #define ACCEPTS_PER_WAKE 64
+#define RECLAIM_AT_ONCE 32 /* idle connections closed when the worker is full */
 
 static void
 accept_enable(ric_worker_t *w, int on)
@@ -65,13 +66,27 @@ on_accept(evutil_socket_t fd, short what, void *arg)
 void
 ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c)
 {
+    ric_conn_t *p, *next;
+    int reclaimed = 0;
+
     c->prev = NULL;
     c->next = w->conns;
     if (w->conns) {
         w->conns->prev = c;
     }
     w->conns = c;
-    if (++w->nconns >= w->conf->worker_connections) {
+    if (++w->nconns < w->conf->worker_connections) {
+        return;
+    }
+    /* full: idle keep-alive clients make room for waiting ones (and
+     * answers close their connections until there is room again) */
+    for (p = w->conns; p && reclaimed < RECLAIM_AT_ONCE; p = next) {
+        next = p->next;
+        if (p != c) {
+            reclaimed += ric_conn_reclaim(p);
+        }
+    }
+    if (w->nconns >= w->conf->worker_connections) {
         ric_log_error(RIC_LOG_WARN, 0, "%lld worker_connections are not enough",
                       (long long) w->conf->worker_connections);
         accept_enable(w, 0);

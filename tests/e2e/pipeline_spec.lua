@@ -243,3 +243,73 @@ describe("the request pipeline", function()
         end)
     end)
 end)
+
+local FULL = [[
+worker_processes 1;
+worker_connections 4;
+error_log logs/error.log info;
+http {
+    upstream u { server {{UPSTREAM}}; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        location / { proxy_pass http://u; }
+    }
+}
+]]
+
+describe("a worker at worker_connections", function()
+    local up, gw
+
+    setup(function()
+        up = H.start_upstream()
+        gw = H.start_gateway({ conf = FULL, upstream = up })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    it("closes idle keep-alive connections to take a waiting client, not leave it in the backlog", function()
+        -- four clients each made a request and keep their connection idle: the worker is full
+        local idle = {}
+        for i = 1, 4 do
+            idle[i] = assert(H.connect(gw.port))
+            local resp = H.request(gw.port, { path = "/idle/" .. i, conn = idle[i] })
+            assert.equal(200, resp and resp.status, ctx(gw))
+        end
+        -- a fifth client is still served: an idle one made room
+        local resp, err = H.request(gw.port, { path = "/fifth", timeout = 3 })
+        assert.truthy(resp, ctx(gw, err))
+        assert.equal(200, resp.status)
+        local closed = 0
+        for i = 1, 4 do
+            if idle[i]:closed(0.5) then closed = closed + 1 end
+            idle[i]:close()
+        end
+        assert.is_true(closed >= 1, "no idle connection was closed")
+    end)
+
+    it("answers with Connection: close while it is full of requests under way", function()
+        up:program({ routes = { ["/slow"] = { default = { status = 200, body = "slow", delay_ms = 1000 } } },
+            default = 200 })
+        local busy = {}
+        for i = 1, 3 do
+            busy[i] = assert(H.connect(gw.port))
+            assert(busy[i]:send("GET /slow HTTP/1.1\r\nHost: a.test\r\n\r\n"))
+        end
+        assert.truthy(up:wait_hits(3, 3), ctx(gw))
+        -- the fourth connection fills the worker; nothing is idle: its answer closes it
+        local c = assert(H.connect(gw.port))
+        local resp = assert(H.request(gw.port, { path = "/last", conn = c }))
+        assert.equal(200, resp.status)
+        assert.equal("close", (resp.headers["connection"] or ""):lower())
+        assert.truthy(c:closed(1))
+        c:close()
+        for i = 1, 3 do
+            local r = busy[i]:read_response({ timeout = 5 })
+            assert.equal(200, r and r.status, ctx(gw))
+            busy[i]:close()
+        end
+    end)
+end)

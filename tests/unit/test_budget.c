@@ -53,7 +53,7 @@ takes(ric_budget_t *b, int n, int64_t now_ms)
     int granted = 0;
 
     while (n-- > 0) {
-        granted += ric_budget_take(b, RIC_BUDGET_COST, now_ms) == RIC_BUDGET_GRANTED;
+        granted += ric_budget_take(b, RIC_BUDGET_COST, now_ms, NULL) == RIC_BUDGET_GRANTED;
     }
     return granted;
 }
@@ -63,7 +63,7 @@ static void
 successes(ric_budget_t *b, int n, int64_t now_ms)
 {
     while (n-- > 0) {
-        ric_budget_outcome(b, 0, 0, 0, now_ms);
+        ric_budget_outcome(b, 0, 0, now_ms);
     }
 }
 
@@ -98,7 +98,7 @@ run(ric_budget_t *b, int n, double p, int attempts, int64_t *now, int *retries, 
         paid = 0;
         for (a = 1; a <= attempts; a++) {
             failed = uniform() < p;
-            ric_budget_outcome(b, a > 1, failed, paid, t);
+            ric_budget_outcome(b, failed, paid, t);
             if (!failed) {
                 good++;
                 break;
@@ -110,14 +110,13 @@ run(ric_budget_t *b, int n, double p, int attempts, int64_t *now, int *retries, 
                 (*refused)++;
                 break;
             }
-            while ((v = ric_budget_take(b, RIC_BUDGET_COST, t)) == RIC_BUDGET_WAIT) {
+            while ((v = ric_budget_take(b, RIC_BUDGET_COST, t, &paid)) == RIC_BUDGET_WAIT) {
                 t += 250;
             }
             if (v == RIC_BUDGET_REFUSED) {
                 (*refused)++;
                 break;
             }
-            paid = RIC_BUDGET_COST;
             (*retries)++;
         }
     }
@@ -129,8 +128,8 @@ test_adaptive(void)
 {
     budget_t t;
     ric_budget_t *b;
-    int64_t now = 1000000;
-    int good, retries, refused, i;
+    int64_t now = 1000000, paid = -1;
+    int good, retries, refused, probes, i;
 
     UNIT_CASE("the default rule: adaptive max=100 wait=5s");
     b = adaptive(&t, RIC_BUDGET_MAX_DEFAULT, RIC_BUDGET_WAIT_DEFAULT);
@@ -145,23 +144,25 @@ test_adaptive(void)
     UNIT_CHECK_INT(LOAD(&t.st.refused), 6);
     UNIT_CHECK_INT(LOAD(&t.st.granted), 10);
 
-    UNIT_CASE("a first-try success earns half a token; a successful retry is refunded");
+    UNIT_CASE("a success earns half a token; a successful retry also gets its token back");
     b = adaptive(&t, 100, 5000);
     successes(b, 4, now);
     UNIT_CHECK_INT(ric_budget_tokens(b), 12000);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(paid, RIC_BUDGET_COST);
     UNIT_CHECK_INT(ric_budget_tokens(b), 11000);
-    ric_budget_outcome(b, 1, 0, RIC_BUDGET_COST, now); /* the retry worked */
-    UNIT_CHECK_INT(ric_budget_tokens(b), 12000);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now), RIC_BUDGET_GRANTED);
-    ric_budget_outcome(b, 1, 1, RIC_BUDGET_COST, now); /* it failed: the token is spent */
-    UNIT_CHECK_INT(ric_budget_tokens(b), 11000);
-    ric_budget_outcome(b, 0, 1, 0, now); /* a failed first attempt costs nothing */
-    UNIT_CHECK_INT(ric_budget_tokens(b), 11000);
+    ric_budget_outcome(b, 0, paid, now); /* the retry worked */
+    UNIT_CHECK_INT(ric_budget_tokens(b), 12500);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, &paid), RIC_BUDGET_GRANTED);
+    ric_budget_outcome(b, 1, paid, now); /* it failed: the token is spent */
+    UNIT_CHECK_INT(ric_budget_tokens(b), 11500);
+    ric_budget_outcome(b, 1, 0, now); /* a failed first attempt costs nothing */
+    UNIT_CHECK_INT(ric_budget_tokens(b), 11500);
 
     UNIT_CASE("a retry after a timeout costs two tokens");
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now), RIC_BUDGET_GRANTED);
-    UNIT_CHECK_INT(ric_budget_tokens(b), 9000);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(paid, RIC_BUDGET_COST_TIMEOUT);
+    UNIT_CHECK_INT(ric_budget_tokens(b), 9500);
 
     UNIT_CASE("the bucket holds at most max tokens");
     successes(b, 1000, now);
@@ -191,10 +192,13 @@ test_adaptive(void)
     UNIT_CASE("an outage after healthy traffic: max retries, waits while recent, then refusals");
     b = adaptive(&t, 100, 5000);
     successes(b, 1000, now);
-    UNIT_CHECK_INT(takes(b, 200, now), 100);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999), RIC_BUDGET_WAIT);
+    UNIT_CHECK_INT(takes(b, 200, now), 101); /* 100 paid and one probe */
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 99, NULL), RIC_BUDGET_WAIT);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(paid, 0); /* a probe pays nothing */
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, NULL), RIC_BUDGET_WAIT);
     UNIT_CHECK_INT(ric_budget_check(b, RIC_BUDGET_COST, now + 4999), RIC_BUDGET_WAIT);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 5000), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 5000, NULL), RIC_BUDGET_REFUSED);
     now += 5000;
     good = run(b, 1000, 1.0, 4, &now, &retries, &refused);
     UNIT_CHECK_INT(retries, 0);
@@ -212,51 +216,54 @@ test_adaptive(void)
     b = adaptive(&t, 100, 5000);
     successes(b, 1000, now);
     /* 1.5 s of failures at 1000 requests a second: the first 100 retries
-     * are paid (and fail); every later one is told to wait, not refused */
-    for (i = 0, retries = refused = good = 0; i < 1500; i++) {
-        ric_budget_outcome(b, 0, 1, 0, now + i);
+     * are paid (and fail), one probe goes every 100 ms (and fails); every
+     * other one is told to wait, not refused */
+    for (i = 0, retries = refused = good = probes = 0; i < 1500; i++) {
+        ric_budget_outcome(b, 1, 0, now + i);
         if (ric_budget_check(b, RIC_BUDGET_COST, now + i) == RIC_BUDGET_REFUSED) {
             refused++;
-        } else if (ric_budget_take(b, RIC_BUDGET_COST, now + i) == RIC_BUDGET_GRANTED) {
-            retries++;
-            ric_budget_outcome(b, 1, 1, RIC_BUDGET_COST, now + i);
+        } else if (ric_budget_take(b, RIC_BUDGET_COST, now + i, &paid) == RIC_BUDGET_GRANTED) {
+            retries += paid > 0;
+            probes += paid == 0;
+            ric_budget_outcome(b, 1, paid, now + i);
         } else {
             good++; /* waiting */
         }
     }
     UNIT_CHECK_INT(retries, 100);
+    UNIT_CHECK_INT(probes, 14); /* from the 100th ms on */
     UNIT_CHECK_INT(refused, 0);
-    UNIT_CHECK_INT(good, 1400);
-    /* it recovers at 1.5 s: new requests succeed at once and the waiting
-     * ones, asking again every 250 ms, get paid for and succeed */
+    UNIT_CHECK_INT(good, 1386);
+    /* it recovers at 1.5 s and no new request arrives: the waiting ones ask
+     * again every 10 ms; the next probe succeeds and earns, and what that
+     * pays for comes back with more, until none is left waiting */
     now += 1500;
-    for (i = 0; good > 0 && i < 40; i++, now += 100) {
+    for (i = 0; good > 0 && i < 1000; i++, now += 10) {
         int k, waiting = good;
-        successes(b, 100, now);
         for (k = 0; k < waiting; k++) {
-            if (ric_budget_take(b, RIC_BUDGET_COST, now) != RIC_BUDGET_GRANTED) {
+            if (ric_budget_take(b, RIC_BUDGET_COST, now, &paid) != RIC_BUDGET_GRANTED) {
                 break;
             }
-            ric_budget_outcome(b, 1, 0, RIC_BUDGET_COST, now); /* refunded */
+            ric_budget_outcome(b, 0, paid, now); /* it works again */
             good--;
         }
     }
     UNIT_CHECK_INT(good, 0);
-    UNIT_CHECK(i <= 2); /* within 200 ms, long before wait=5s ran out */
+    UNIT_CHECK(i <= 12); /* within ~120 ms, long before wait=5s ran out */
 
     UNIT_CASE("wait=0 never waits");
     b = adaptive(&t, 100, 0);
     successes(b, 1000, now);
     UNIT_CHECK_INT(takes(b, 100, now), 100);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_REFUSED);
 
     UNIT_CASE("a bucket smaller than the start holds max");
     b = adaptive(&t, 3, 5000);
     UNIT_CHECK_INT(ric_budget_tokens(b), 3000);
     for (i = 0; i < 3; i++) {
-        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now), RIC_BUDGET_GRANTED);
+        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_GRANTED);
     }
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_REFUSED);
 }
 
 static void
@@ -268,7 +275,7 @@ test_off(void)
     UNIT_CASE("off: every retry granted");
     t.conf.kind = RIC_BUDGET_OFF;
     UNIT_CHECK_INT(takes(b, 100000, 0), 100000);
-    ric_budget_outcome(b, 0, 0, 0, 0);
+    ric_budget_outcome(b, 0, 0, 0);
     UNIT_CHECK_INT(ric_budget_tokens(b), 10000);
 }
 
@@ -284,12 +291,12 @@ test_ratio(void)
     requests(b, 100, 1000);
     UNIT_CHECK_INT(ric_budget_check(b, RIC_BUDGET_COST, 1500), RIC_BUDGET_GRANTED);
     for (i = 0; i < 20; i++) {
-        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500), RIC_BUDGET_GRANTED);
+        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, NULL), RIC_BUDGET_GRANTED);
     }
     UNIT_CHECK_INT(LOAD(&t.st.refused), 0);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, NULL), RIC_BUDGET_REFUSED);
     UNIT_CHECK_INT(LOAD(&t.st.refused), 1);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1999), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1999, NULL), RIC_BUDGET_REFUSED);
     UNIT_CHECK_INT(LOAD(&t.st.refused), 2);
 
     UNIT_CASE("more requests make room again");
@@ -434,9 +441,11 @@ test_shared(void)
 
     pid = fork();
     for (i = 0; i < 200000; i++) {
-        if (ric_budget_take(&b, RIC_BUDGET_COST, 1000) == RIC_BUDGET_GRANTED) {
+        if (ric_budget_take(&b, RIC_BUDGET_COST, 1000, NULL) == RIC_BUDGET_GRANTED) {
             granted++;
-            ric_budget_outcome(&b, 1, 0, RIC_BUDGET_COST, 1000);
+            /* gives back exactly what the take took: a success earns half
+             * a token on top of what was paid */
+            ric_budget_outcome(&b, 0, RIC_BUDGET_COST - RIC_BUDGET_EARN, 1000);
         }
     }
     if (pid == 0) {
