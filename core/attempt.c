@@ -188,6 +188,15 @@ attempts_cleanup(void *data)
         /* the attempt under way */
         record_attempt(r, a->current, r->end == RIC_END_SHUTDOWN ? "shutdown" : "client_closed", 0);
     }
+    /* a retry paid for whose outcome nobody will know: its token goes back */
+    if (a->current != NULL && a->current->paid > 0) {
+        ric_budget_refund(&r->up->budget, a->current->paid);
+        a->current->paid = 0;
+    }
+    if (a->paid > 0) {
+        ric_budget_refund(&r->up->budget, a->paid);
+        a->paid = 0;
+    }
     if (r->log.upstream == NULL && (a->current != NULL || a->prev_peer != NULL)) {
         r->log.upstream = (a->current ? a->current->client.peer : a->prev_peer)->conf->addr_text;
     }
@@ -276,17 +285,25 @@ attempt_start(ric_request_t *r)
     }
 }
 
+/* Waiting for the budget: asked again after about the first backoff
+ * window, kept within these bounds (a 1 ms backoff must not spin, a long
+ * one must not sleep through the upstream's return). */
+#define BUDGET_POLL_MIN_MS 100
+#define BUDGET_POLL_MAX_MS 1000
+
 /* A retry is paid for when it is about to be sent, not when it is
  * decided: waiting costs the upstream nothing. A budget that cannot pay
- * may let it wait and ask again (never past the deadline), or refuse it.
- * RIC_OK: go on; anything else: the request waits again or was answered. */
+ * may let it wait and ask again (never past the deadline), or refuse it:
+ * then a->stop says why and the next attempt is not made (a dropped
+ * response still arriving gets its grace first, as for any retry).
+ * RIC_OK: go on; RIC_AGAIN: waiting again. */
 static int
 budget_gate(ric_request_t *r, int64_t now)
 {
     ric_attempts_t *a = &r->attempts;
-    int64_t initial = ric_max(r->policy.backoff.initial_ms, (int64_t) 2), ms;
+    int64_t poll, ms;
 
-    if (a->count == 0 || a->paid_for) {
+    if (a->count == 0 || a->paid_for || a->stop != RIC_RETRY_YES) {
         return RIC_OK;
     }
     switch (ric_budget_take(&r->up->budget, a->retry_cost, now, &a->paid)) {
@@ -294,23 +311,41 @@ budget_gate(ric_request_t *r, int64_t now)
         a->paid_for = 1;
         return RIC_OK;
     case RIC_BUDGET_WAIT:
-        /* ask again in [initial/2, 3 initial/2): jittered, so the waiting
-         * requests of a brownout come back spread out, not in a herd */
-        ms = initial / 2 + (int64_t) (ric_backoff_rand(NULL) % (uint64_t) initial);
+        /* jittered over [poll/2, 3 poll/2), so the waiting requests of a
+         * brownout come back spread out, not in a herd */
+        poll = ric_min(ric_max(r->policy.backoff.initial_ms, (int64_t) BUDGET_POLL_MIN_MS),
+                       (int64_t) BUDGET_POLL_MAX_MS);
+        ms = poll / 2 + (int64_t) (ric_backoff_rand(NULL) % (uint64_t) poll);
         if (now + ms < r->deadline_ms) {
             a->wait_us += ms * 1000;
             a->wait_until_ms = now + ms;
             wait_start(r, ms);
             return RIC_AGAIN;
         }
+        ric_log_error(RIC_LOG_INFO, 0, "the retry budget of upstream \"%s\" held attempt %d "
+                      "until the deadline, client: %s", r->up->conf->name, a->count + 1,
+                      r->c->peer);
         break;
     case RIC_BUDGET_REFUSED:
+        ric_log_error(RIC_LOG_INFO, 0, "the retry budget of upstream \"%s\" refused attempt %d, "
+                      "client: %s", r->up->conf->name, a->count + 1, r->c->peer);
         break;
     }
-    ric_log_error(RIC_LOG_INFO, 0, "the retry budget of upstream \"%s\" refused attempt %d, "
-                  "client: %s", r->up->conf->name, a->count + 1, r->c->peer);
-    ric_attempts_give_up(r, a->fail_status, RIC_RETRY_BUDGET);
-    return RIC_DONE;
+    a->stop = RIC_RETRY_BUDGET;
+    return RIC_OK;
+}
+
+/* The wait is over: the next attempt, unless the budget stopped it. */
+static void
+next_attempt(ric_request_t *r)
+{
+    ric_attempts_t *a = &r->attempts;
+
+    if (a->stop != RIC_RETRY_YES) {
+        ric_attempts_give_up(r, a->fail_status, a->stop);
+        return;
+    }
+    attempt_start(r);
 }
 
 static void
@@ -342,7 +377,7 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
             return;
         }
     }
-    attempt_start(r);
+    next_attempt(r);
 }
 
 /* A response dropped for a retry was read to its end (whole) or given up. */
@@ -362,7 +397,7 @@ drain_over(ric_attempt_t *u, int whole)
     if (a->drain_extended) {
         /* the wait was over and only this read held the retry back */
         wait_stop(r);
-        attempt_start(r);
+        next_attempt(r);
     }
 }
 
@@ -482,8 +517,6 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     failed = class != RIC_CLASS_STATUS
              || ric_retry_on_match(r->policy.retry_on, RIC_CLASS_STATUS, status);
     ric_upstream_report(r->up, h->peer, failed, now);
-    ric_budget_outcome(&r->up->budget, failed, u->paid, now);
-    u->paid = 0; /* a bad chunked body comes back here: earn once */
 
     memset(&in, 0, sizeof(in));
     in.class = class;
@@ -510,6 +543,8 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         attempt_done(u, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
         return;
     }
+    ric_budget_outcome(&r->up->budget, failed, u->paid, now);
+    u->paid = 0;
     record_attempt(r, u, ric_retry_class_name(class), status);
     a->prev_peer = h->peer;
 
@@ -533,6 +568,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         a->retry_cost = ric_retry_cost(class);
         a->paid = 0;
         a->paid_for = 0;
+        a->stop = RIC_RETRY_YES;
         a->fail_status = class == RIC_CLASS_TIMEOUT
                                  || (class == RIC_CLASS_CONNECT_ERROR && err == 0) ? 504 : 502;
         a->wait_us = d.wait_ms * 1000;

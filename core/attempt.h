@@ -38,6 +38,7 @@ typedef struct {
     int64_t retry_cost;       /* what the retry being waited for costs the budget */
     int64_t paid;             /* what it paid (0: nothing, or a probe) */
     int paid_for;             /* the budget let it go */
+    ric_retry_reason_t stop;  /* RIC_RETRY_YES, or why the next attempt is not made */
     int fail_status;          /* the gateway's answer if the budget refuses it */
 } ric_attempts_t;
 

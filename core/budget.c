@@ -104,6 +104,7 @@ adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int64_t *paid)
     ric_budget_state_t *st = b->st;
     int64_t t = LOAD(&st->tokens), p;
 
+    cost = ric_min(cost, b->conf->max_tokens * RIC_BUDGET_MILLI); /* max=1 pays a timeout too */
     while (t >= cost) {
         if (paid == NULL || CAS(&st->tokens, &t, t - cost)) {
             if (paid != NULL) {
@@ -139,7 +140,7 @@ adaptive_add(ric_budget_t *b, int64_t amount, int64_t now)
         }
         n = ric_min(t + amount, max);
     } while (!CAS(&st->tokens, &t, n));
-    if (n * 2 >= max) {
+    if (now != NEVER && n * 2 >= max) { /* a refund (NEVER) is no sign of health */
         t = LOAD(&st->healthy_ms);
         if (t == NEVER || now - t >= HEALTHY_EVERY_MS) {
             STORE(&st->healthy_ms, now);
@@ -286,6 +287,14 @@ ric_budget_outcome(ric_budget_t *b, int failed, int64_t paid, int64_t now_ms)
 {
     if (b->conf->kind == RIC_BUDGET_ADAPTIVE && !failed) {
         adaptive_add(b, RIC_BUDGET_EARN + paid, now_ms);
+    }
+}
+
+void
+ric_budget_refund(ric_budget_t *b, int64_t paid)
+{
+    if (b->conf->kind == RIC_BUDGET_ADAPTIVE && paid > 0) {
+        adaptive_add(b, paid, NEVER);
     }
 }
 

@@ -108,6 +108,10 @@ ric_budget_verdict_t ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_
  * gets back what it paid. */
 void ric_budget_outcome(ric_budget_t *b, int failed, int64_t paid, int64_t now_ms);
 
+/* Gives back what a retry paid when its outcome will never be known (its
+ * request ended first). */
+void ric_budget_refund(ric_budget_t *b, int64_t paid);
+
 /* Tokens in the bucket now, in thousandths (adaptive; for plan and tests). */
 int64_t ric_budget_tokens(const ric_budget_t *b);
 

@@ -923,6 +923,10 @@ set_retry_budget(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
             if (b->kind == RIC_BUDGET_OFF) {
                 return ric_conf_reason(cf, "\"%s off\" takes no options", cmd->name);
             }
+            if (i == 3 && strncmp(cf->args[2], cf->args[3], 4) == 0) {
+                return ric_conf_reason(cf, "\"%.4s\" given twice in \"%s\"", cf->args[3],
+                                       cmd->name);
+            }
             if ((reason = budget_option(cf, cmd, cf->args[i], b)) != NULL) {
                 return reason;
             }
@@ -1475,10 +1479,13 @@ resolve_budgets(ric_conf_parse_t *cf)
                     return ric_conf_reason(cf, "%s:%d: \"retry_budget %s\" for upstream \"%s\" "
                                            "differs from \"retry_budget %s\" at %s:%d: locations "
                                            "that share an upstream share its budget; set "
-                                           "retry_budget once, in its upstream block",
-                                           file, line, ric_budget_rule_text(x, a, sizeof(a)),
-                                           u->name, ric_budget_rule_text(y, o, sizeof(o)), ofile,
-                                           oline);
+                                           "retry_budget once, in %s", file, line,
+                                           ric_budget_rule_text(x, a, sizeof(a)), u->name,
+                                           ric_budget_rule_text(y, o, sizeof(o)), ofile, oline,
+                                           u->implicit ? "an upstream block for that address "
+                                                         "(upstream NAME { server ADDRESS; "
+                                                         "retry_budget ...; })"
+                                                       : "its upstream block");
                 }
             }
         }

@@ -343,16 +343,20 @@ ric_conn_use_settings(ric_conn_t *c, const ric_http_settings_t *s)
 }
 
 int
-ric_conn_keepalive(const ric_conn_t *c)
+ric_conn_keepalive(ric_conn_t *c)
 {
     /* a worker with no room for another client closes after answers, so
      * clients waiting to be accepted get a place (nginx reuses idle
      * keep-alive connections the same way) */
-    return !c->close_after && c->msg.keep_alive && !c->worker->shutting_down
-           && c->worker->nconns < c->worker->conf->worker_connections
-           && c->settings->keepalive_timeout > 0
-           && c->requests + 1 < c->settings->keepalive_requests
-           && (c->msg.body == RIC_BODY_NONE || c->body_complete);
+    if (!c->close_after && c->msg.keep_alive && !c->worker->shutting_down
+        && c->worker->nconns < c->worker->conf->worker_connections
+        && c->settings->keepalive_timeout > 0
+        && c->requests + 1 < c->settings->keepalive_requests
+        && (c->msg.body == RIC_BODY_NONE || c->body_complete)) {
+        return 1;
+    }
+    c->close_after = 1;
+    return 0;
 }
 
 void

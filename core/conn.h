@@ -99,8 +99,9 @@ void ric_conn_use_settings(ric_conn_t *c, const ric_http_settings_t *s);
 
 /* Whether the connection can carry another request after this answer:
  * the client's keep-alive, keepalive_timeout and _requests, no shutdown,
- * nothing that forced a close. The head being built says so. */
-int ric_conn_keepalive(const ric_conn_t *c);
+ * room in the worker, nothing that forced a close. The head being built
+ * says so; a no is kept, so the close follows the head that announced it. */
+int ric_conn_keepalive(ric_conn_t *c);
 
 /* The connection closes after this answer (the rest of the body was not
  * read, the body ends with the connection...). */

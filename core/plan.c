@@ -121,16 +121,16 @@ print_budget(const ric_upstream_conf_t *u, FILE *out)
             ric_budget_rule_text(b, rule, sizeof(rule)), where);
     switch (b->kind) {
     case RIC_BUDGET_ADAPTIVE:
-        fprintf(out, "  a bucket of tokens: starts with %lld, holds at most %lld; a request answered "
-                "at its first attempt earns %g\n", (long long) ric_min(b->max_tokens,
+        fprintf(out, "  a bucket of tokens: starts with %lld, holds at most %lld; an attempt answered "
+                "well earns %g\n", (long long) ric_min(b->max_tokens,
                 (int64_t) (RIC_BUDGET_START / RIC_BUDGET_MILLI)), (long long) b->max_tokens,
                 (double) RIC_BUDGET_EARN / RIC_BUDGET_MILLI);
         fprintf(out, "  a retry pays %g token (%g after a timeout) when it is sent, refunded when it "
                 "succeeds\n", (double) RIC_BUDGET_COST / RIC_BUDGET_MILLI,
                 (double) RIC_BUDGET_COST_TIMEOUT / RIC_BUDGET_MILLI);
-        fprintf(out, "  bucket empty: the retry waits and asks again while the bucket was at least "
-                "half full within the last %s, else it is refused (\"budget\")\n\n",
-                fmt_ms(b->wait_ms, a, sizeof(a)));
+        fprintf(out, "  bucket empty: the retry waits and asks again (one goes unpaid every %dms, a "
+                "probe) while the bucket was at least half full within the last %s, else it is "
+                "refused (\"budget\")\n\n", RIC_BUDGET_PROBE_MS, fmt_ms(b->wait_ms, a, sizeof(a)));
         break;
     case RIC_BUDGET_RATIO:
         fprintf(out, "  retries in any 10 s <= max(%g%% of its requests, %lld)\n\n",

@@ -257,6 +257,22 @@ test_adaptive(void)
     UNIT_CHECK_INT(takes(b, 100, now), 100);
     UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_REFUSED);
 
+    UNIT_CASE("a retry whose request ended first gets its token back, and is no sign of health");
+    b = adaptive(&t, 100, 5000);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, &paid), RIC_BUDGET_GRANTED);
+    ric_budget_refund(b, paid);
+    UNIT_CHECK_INT(ric_budget_tokens(b), 10000);
+    successes(b, 80, now); /* 50 tokens: half full, healthy */
+    UNIT_CHECK_INT(LOAD(&t.st.healthy_ms), now);
+    UNIT_CHECK_INT(takes(b, 1, now + 10), 1);
+    ric_budget_refund(b, RIC_BUDGET_COST);
+    UNIT_CHECK_INT(LOAD(&t.st.healthy_ms), now);
+
+    UNIT_CASE("max=1 still pays for a timeout's retry");
+    b = adaptive(&t, 1, 5000);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(paid, RIC_BUDGET_COST);
+
     UNIT_CASE("a bucket smaller than the start holds max");
     b = adaptive(&t, 3, 5000);
     UNIT_CHECK_INT(ric_budget_tokens(b), 3000);

@@ -407,6 +407,8 @@ test_budget_owner(void)
     check_error("a bad word", "http {\n retry_budget lots;\n}\n", 2,
                 "invalid \"lots\" in \"retry_budget\": expected adaptive, off, a percentage like "
                 "20% or a fraction like 0.2");
+    check_error("an option twice", "http {\n retry_budget adaptive max=1 max=3;\n}\n", 2,
+                "\"max=\" given twice in \"retry_budget\"");
     check_error("twice in an upstream",
                 "http {\n upstream b { server 127.0.0.1:1; retry_budget off;\n retry_budget off; }\n}\n",
                 3, "\"retry_budget\" directive is duplicate");
