@@ -302,11 +302,14 @@ budget_gate(ric_request_t *r, int64_t now)
 {
     ric_attempts_t *a = &r->attempts;
     int64_t poll, ms;
+    int may_probe;
 
     if (a->count == 0 || a->paid_for || a->stop != RIC_RETRY_YES) {
         return RIC_OK;
     }
-    switch (ric_budget_take(&r->up->budget, a->retry_cost, now, &a->paid)) {
+    /* a probe that fails must leave its request an attempt of its own */
+    may_probe = r->policy.attempts == 0 || a->count + 1 < r->policy.attempts;
+    switch (ric_budget_take(&r->up->budget, a->retry_cost, now, may_probe, &a->paid)) {
     case RIC_BUDGET_GRANTED:
         a->paid_for = 1;
         return RIC_OK;

@@ -99,7 +99,7 @@ recently_healthy(const ric_budget_t *b, int64_t now)
 }
 
 static ric_budget_verdict_t
-adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int64_t *paid)
+adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int may_probe, int64_t *paid)
 {
     ric_budget_state_t *st = b->st;
     int64_t t = LOAD(&st->tokens), p;
@@ -116,7 +116,7 @@ adaptive_take(ric_budget_t *b, int64_t cost, int64_t now, int64_t *paid)
     if (!recently_healthy(b, now)) {
         return RIC_BUDGET_REFUSED;
     }
-    if (paid != NULL) {
+    if (paid != NULL && may_probe) {
         /* the first to ask after RIC_BUDGET_PROBE_MS goes, unpaid */
         p = LOAD(&st->probe_ms);
         if ((p == NEVER || now - p >= RIC_BUDGET_PROBE_MS) && CAS(&st->probe_ms, &p, now)) {
@@ -240,14 +240,14 @@ ric_budget_request(ric_budget_t *b, int64_t now_ms)
 
 /* paid NULL: only asks. */
 static ric_budget_verdict_t
-decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int64_t *paid)
+decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, int64_t *paid)
 {
     ric_budget_verdict_t v;
     int pay = paid != NULL;
 
     switch (b->conf->kind) {
     case RIC_BUDGET_ADAPTIVE:
-        v = adaptive_take(b, cost, now_ms, paid);
+        v = adaptive_take(b, cost, now_ms, may_probe, paid);
         break;
     case RIC_BUDGET_RATIO:
         v = ratio_take(b, now_ms, paid);
@@ -271,15 +271,15 @@ decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int64_t *paid)
 ric_budget_verdict_t
 ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms)
 {
-    return decide(b, cost, now_ms, NULL);
+    return decide(b, cost, now_ms, 0, NULL);
 }
 
 ric_budget_verdict_t
-ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms, int64_t *paid)
+ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, int64_t *paid)
 {
     int64_t ignored;
 
-    return decide(b, cost, now_ms, paid != NULL ? paid : &ignored);
+    return decide(b, cost, now_ms, may_probe, paid != NULL ? paid : &ignored);
 }
 
 void

@@ -21,7 +21,7 @@
  *     its requests ride it out; otherwise (it never earned its tokens, or
  *     has failed for longer than `wait`) the retry is refused at once;
  *   - while retries wait, one of them goes unpaid every RIC_BUDGET_PROBE_MS
- *     (across all workers): a probe, whose success is the first earning
+ *     (across all workers; never a request's last attempt): a probe, whose success is the first earning
  *     when the upstream is back, so the waiting retries do not depend on
  *     new requests arriving to refill the bucket.
  * Amounts are kept in thousandths of a token.
@@ -99,9 +99,11 @@ void ric_budget_request(ric_budget_t *b, int64_t now_ms);
 ric_budget_verdict_t ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms);
 
 /* Pays for a retry that is about to be sent: GRANTED (*paid: what it paid,
- * 0 for a probe), WAIT (counted as a wait) or REFUSED (counted as refused). */
+ * 0 for a probe), WAIT (counted as a wait) or REFUSED (counted as refused).
+ * may_probe: the retry may go as an unpaid probe (its request has another
+ * attempt left after it, so a failed probe does not end the request). */
 ric_budget_verdict_t ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms,
-                                     int64_t *paid);
+                                     int may_probe, int64_t *paid);
 
 /* The outcome of an attempt that paid `paid` (0 for a first attempt):
  * failed (its answer counts as a failure) or not. A success earns, and

@@ -279,3 +279,65 @@ describe("the shared state when a worker is killed", function()
         assert.equal(2, up:stats().hits)
     end)
 end)
+
+local BROWNOUT = [[
+worker_processes 2;
+error_log logs/error.log info;
+http {
+    access_log {{PREFIX}}/logs/access.log;
+    upstream flaky {
+        server {{UPSTREAM}};
+        retry_budget adaptive max=10 wait=5s;
+    }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        retry_attempts 4;
+        retry_backoff 10ms 20ms;
+        location / {
+            proxy_pass http://flaky;
+        }
+    }
+}
+]]
+
+describe("a brownout after healthy traffic", function()
+    local up, gw
+
+    setup(function()
+        up = H.start_upstream()
+        gw = H.start_gateway({ conf = BROWNOUT, upstream = up })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    it("is waited out: requests hold their retries instead of failing, then all succeed", function()
+        -- healthy traffic fills the bucket (10 tokens)
+        local resps = burst(gw.port, paths("/warm/", 30), 6)
+        for i = 1, 30 do assert.equal(200, resps[i] and resps[i].status, ctx(gw)) end
+        -- the upstream browns out; 30 requests arrive at once and are sent from background connections
+        up:reset()
+        up:program({ default = { status = 503, body = "brownout\n" } })
+        local conns = {}
+        for i = 1, 30 do
+            conns[i] = assert(H.connect(gw.port))
+            assert(conns[i]:send(H.build_request(gw.port, { path = "/brown/" .. i })))
+        end
+        -- every one got its first attempt; the bucket paid for 10 failing retries, the rest wait
+        assert.truthy(up:wait_hits(40, 5), ctx(gw))
+        H.sleep(1.0)
+        local during = up:stats().hits
+        -- 30 first attempts, 10 paid retries, a probe every 100 ms: nothing like 30 x 4
+        assert.is_true(during <= 30 + 10 + 15, "upstream attempts during the brownout: " .. during)
+        up:program({ default = { status = 200, body = "back\n" } })
+        local ok = 0
+        for i = 1, 30 do
+            local resp = conns[i]:read_response({ timeout = 8 })
+            if resp and resp.status == 200 and resp.body == "back\n" then ok = ok + 1 end
+            conns[i]:close()
+        end
+        assert.equal(30, ok, ctx(gw, "requests answered 200 after the brownout"))
+    end)
+end)

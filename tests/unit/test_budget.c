@@ -53,7 +53,7 @@ takes(ric_budget_t *b, int n, int64_t now_ms)
     int granted = 0;
 
     while (n-- > 0) {
-        granted += ric_budget_take(b, RIC_BUDGET_COST, now_ms, NULL) == RIC_BUDGET_GRANTED;
+        granted += ric_budget_take(b, RIC_BUDGET_COST, now_ms, 1, NULL) == RIC_BUDGET_GRANTED;
     }
     return granted;
 }
@@ -110,7 +110,7 @@ run(ric_budget_t *b, int n, double p, int attempts, int64_t *now, int *retries, 
                 (*refused)++;
                 break;
             }
-            while ((v = ric_budget_take(b, RIC_BUDGET_COST, t, &paid)) == RIC_BUDGET_WAIT) {
+            while ((v = ric_budget_take(b, RIC_BUDGET_COST, t, 1, &paid)) == RIC_BUDGET_WAIT) {
                 t += 250;
             }
             if (v == RIC_BUDGET_REFUSED) {
@@ -148,19 +148,19 @@ test_adaptive(void)
     b = adaptive(&t, 100, 5000);
     successes(b, 4, now);
     UNIT_CHECK_INT(ric_budget_tokens(b), 12000);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, 1, &paid), RIC_BUDGET_GRANTED);
     UNIT_CHECK_INT(paid, RIC_BUDGET_COST);
     UNIT_CHECK_INT(ric_budget_tokens(b), 11000);
     ric_budget_outcome(b, 0, paid, now); /* the retry worked */
     UNIT_CHECK_INT(ric_budget_tokens(b), 12500);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, 1, &paid), RIC_BUDGET_GRANTED);
     ric_budget_outcome(b, 1, paid, now); /* it failed: the token is spent */
     UNIT_CHECK_INT(ric_budget_tokens(b), 11500);
     ric_budget_outcome(b, 1, 0, now); /* a failed first attempt costs nothing */
     UNIT_CHECK_INT(ric_budget_tokens(b), 11500);
 
     UNIT_CASE("a retry after a timeout costs two tokens");
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now, 1, &paid), RIC_BUDGET_GRANTED);
     UNIT_CHECK_INT(paid, RIC_BUDGET_COST_TIMEOUT);
     UNIT_CHECK_INT(ric_budget_tokens(b), 9500);
 
@@ -193,12 +193,14 @@ test_adaptive(void)
     b = adaptive(&t, 100, 5000);
     successes(b, 1000, now);
     UNIT_CHECK_INT(takes(b, 200, now), 101); /* 100 paid and one probe */
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 99, NULL), RIC_BUDGET_WAIT);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 99, 1, NULL), RIC_BUDGET_WAIT);
+    /* a request's last attempt never goes as a probe */
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, 0, &paid), RIC_BUDGET_WAIT);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, 1, &paid), RIC_BUDGET_GRANTED);
     UNIT_CHECK_INT(paid, 0); /* a probe pays nothing */
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, NULL), RIC_BUDGET_WAIT);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 4999, 1, NULL), RIC_BUDGET_WAIT);
     UNIT_CHECK_INT(ric_budget_check(b, RIC_BUDGET_COST, now + 4999), RIC_BUDGET_WAIT);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 5000, NULL), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now + 5000, 1, NULL), RIC_BUDGET_REFUSED);
     now += 5000;
     good = run(b, 1000, 1.0, 4, &now, &retries, &refused);
     UNIT_CHECK_INT(retries, 0);
@@ -222,7 +224,7 @@ test_adaptive(void)
         ric_budget_outcome(b, 1, 0, now + i);
         if (ric_budget_check(b, RIC_BUDGET_COST, now + i) == RIC_BUDGET_REFUSED) {
             refused++;
-        } else if (ric_budget_take(b, RIC_BUDGET_COST, now + i, &paid) == RIC_BUDGET_GRANTED) {
+        } else if (ric_budget_take(b, RIC_BUDGET_COST, now + i, 1, &paid) == RIC_BUDGET_GRANTED) {
             retries += paid > 0;
             probes += paid == 0;
             ric_budget_outcome(b, 1, paid, now + i);
@@ -241,7 +243,7 @@ test_adaptive(void)
     for (i = 0; good > 0 && i < 1000; i++, now += 10) {
         int k, waiting = good;
         for (k = 0; k < waiting; k++) {
-            if (ric_budget_take(b, RIC_BUDGET_COST, now, &paid) != RIC_BUDGET_GRANTED) {
+            if (ric_budget_take(b, RIC_BUDGET_COST, now, 1, &paid) != RIC_BUDGET_GRANTED) {
                 break;
             }
             ric_budget_outcome(b, 0, paid, now); /* it works again */
@@ -255,11 +257,11 @@ test_adaptive(void)
     b = adaptive(&t, 100, 0);
     successes(b, 1000, now);
     UNIT_CHECK_INT(takes(b, 100, now), 100);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, 1, NULL), RIC_BUDGET_REFUSED);
 
     UNIT_CASE("a retry whose request ended first gets its token back, and is no sign of health");
     b = adaptive(&t, 100, 5000);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, 1, &paid), RIC_BUDGET_GRANTED);
     ric_budget_refund(b, paid);
     UNIT_CHECK_INT(ric_budget_tokens(b), 10000);
     successes(b, 80, now); /* 50 tokens: half full, healthy */
@@ -270,16 +272,16 @@ test_adaptive(void)
 
     UNIT_CASE("max=1 still pays for a timeout's retry");
     b = adaptive(&t, 1, 5000);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now, &paid), RIC_BUDGET_GRANTED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST_TIMEOUT, now, 1, &paid), RIC_BUDGET_GRANTED);
     UNIT_CHECK_INT(paid, RIC_BUDGET_COST);
 
     UNIT_CASE("a bucket smaller than the start holds max");
     b = adaptive(&t, 3, 5000);
     UNIT_CHECK_INT(ric_budget_tokens(b), 3000);
     for (i = 0; i < 3; i++) {
-        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_GRANTED);
+        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, 1, NULL), RIC_BUDGET_GRANTED);
     }
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, NULL), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, now, 1, NULL), RIC_BUDGET_REFUSED);
 }
 
 static void
@@ -307,12 +309,12 @@ test_ratio(void)
     requests(b, 100, 1000);
     UNIT_CHECK_INT(ric_budget_check(b, RIC_BUDGET_COST, 1500), RIC_BUDGET_GRANTED);
     for (i = 0; i < 20; i++) {
-        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, NULL), RIC_BUDGET_GRANTED);
+        UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, 1, NULL), RIC_BUDGET_GRANTED);
     }
     UNIT_CHECK_INT(LOAD(&t.st.refused), 0);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, NULL), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, 1, NULL), RIC_BUDGET_REFUSED);
     UNIT_CHECK_INT(LOAD(&t.st.refused), 1);
-    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1999, NULL), RIC_BUDGET_REFUSED);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1999, 1, NULL), RIC_BUDGET_REFUSED);
     UNIT_CHECK_INT(LOAD(&t.st.refused), 2);
 
     UNIT_CASE("more requests make room again");
@@ -457,7 +459,7 @@ test_shared(void)
 
     pid = fork();
     for (i = 0; i < 200000; i++) {
-        if (ric_budget_take(&b, RIC_BUDGET_COST, 1000, NULL) == RIC_BUDGET_GRANTED) {
+        if (ric_budget_take(&b, RIC_BUDGET_COST, 1000, 1, NULL) == RIC_BUDGET_GRANTED) {
             granted++;
             /* gives back exactly what the take took: a success earns half
              * a token on top of what was paid */

@@ -189,7 +189,7 @@ main(void)
     budget.conf = &bconf;
     budget.st = &bstate;
     ric_budget_reset(&bstate, &bconf);
-    while (ric_budget_take(&budget, RIC_BUDGET_COST, 1000, NULL) == RIC_BUDGET_GRANTED) {
+    while (ric_budget_take(&budget, RIC_BUDGET_COST, 1000, 1, NULL) == RIC_BUDGET_GRANTED) {
     }
     in = input();
     UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, &budget).reason), "budget");
@@ -210,7 +210,7 @@ main(void)
     for (i = 0; i < 100; i++) {
         ric_budget_outcome(&budget, 0, 0, 1000); /* healthy: the bucket fills */
     }
-    while (ric_budget_take(&budget, RIC_BUDGET_COST, 1000, NULL) == RIC_BUDGET_GRANTED) {
+    while (ric_budget_take(&budget, RIC_BUDGET_COST, 1000, 1, NULL) == RIC_BUDGET_GRANTED) {
     }
     UNIT_CHECK_INT(decide(&p, &in, &budget).retry, 1);
 
