@@ -20,7 +20,9 @@ ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -Icore -I$(BUILD) $(PKG_CF
 LIBS = $(PKG_LIBS) -lm
 
 CORE_SRC := $(filter-out core/main.c,$(wildcard core/*.c))
-CORE_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/default_conf.o
+CORE_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/default_conf.o \
+    $(BUILD)/obj/embedded_lua.o
+LUA_LIB := scripts/ricochet/api.lua scripts/ricochet/sandbox.lua
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
@@ -61,6 +63,13 @@ $(BUILD)/default_conf.c: conf/ricochet.conf contrib/embed_conf.sh | $(BUILD)/obj
 $(BUILD)/obj/default_conf.o: $(BUILD)/default_conf.c core/conf.h
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+$(BUILD)/embedded_lua.c: $(LUA_LIB) contrib/embed_lua.sh | $(BUILD)/obj
+	sh contrib/embed_lua.sh ric_lua_api=scripts/ricochet/api.lua \
+	    ric_lua_sandbox=scripts/ricochet/sandbox.lua > $@
+
+$(BUILD)/obj/embedded_lua.o: $(BUILD)/embedded_lua.c
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
 $(BUILD)/ricochet: $(BUILD)/obj/main.o $(CORE_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
@@ -85,13 +94,13 @@ asan:
 	$(MAKE) BUILD=build/asan SAN=1 test
 
 FUZZ_SECONDS ?= 60
-fuzz: $(BUILD)/default_conf.c
+fuzz: $(BUILD)/default_conf.c $(BUILD)/embedded_lua.c
 	@sh contrib/deps.sh fuzz
 	@mkdir -p $(BUILD)/fuzz
 	@set -e; for f in $(FUZZ_SRC); do \
 	    name=$$(basename $$f .c); \
 	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Icore \
-	        -I$(BUILD) $(PKG_CFLAGS) -o $(BUILD)/fuzz/$$name $$f $(CORE_SRC) $(BUILD)/default_conf.c $(PKG_LIBS) -lm; \
+	        -I$(BUILD) $(PKG_CFLAGS) -o $(BUILD)/fuzz/$$name $$f $(CORE_SRC) $(BUILD)/default_conf.c $(BUILD)/embedded_lua.c $(PKG_LIBS) -lm; \
 	    corpus=tests/fuzz/corpus/$${name#fuzz_}; work=$(BUILD)/fuzz/$$name.corpus; \
 	    rm -rf $$work; mkdir -p $$work; \
 	    echo "fuzzing $$name for $(FUZZ_SECONDS)s"; \

@@ -1,5 +1,6 @@
 /* attempt.c: the attempts phase: start a try, time it, and end every try in one attempt-done entry (health, classify, decide, count, then wait, deliver or give up). */
 #include "attempt.h"
+#include "script.h"
 #include "headers.h"
 #include "log.h"
 #include "request.h"
@@ -128,7 +129,12 @@ setup(ric_request_t *r)
     r->deadline_ms = now + r->deadline_span_ms;
 
     r->replay_safe = r->replay_safe || ric_retry_method_idempotent((int) r->msg->method);
-    if (s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
+    if (r->script_idempotent != 0) {
+        r->replay_safe = r->script_idempotent > 0; /* the route script knows its API */
+    }
+    if (r->script_key != NULL && s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
+        r->replay_safe = 1; /* a key under the route's contract, set by its script */
+    } else if (s->idempotency_key != RIC_IDEMPOTENCY_OFF && r->script_idempotent == 0) {
         v = ric_headers_find(in, r->msg, refs->idempotency_key_header);
         if (v.data != NULL && v.len > 0
             && ric_headers_count(in, r->msg, refs->idempotency_key_header) == 1) {
@@ -423,15 +429,20 @@ record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status
     rec->wait_us = u->wait_us;
 }
 
-/* The route script's classify refines this (issue 9): for now the
- * built-in word, retry_on, decides. */
+/* The route script's word on the outcome, above retry_on; *failed (the
+ * built-in view: a class, or a status in retry_on) becomes the script's
+ * when it spoke. */
 static int
-classify(ric_request_t *r, ric_attempt_t *u, unsigned class)
+classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t *delay_ms, int *failed)
 {
-    (void) r;
-    (void) u;
-    (void) class;
-    return RIC_CLASSIFY_DEFAULT;
+    int word = ric_script_classify(r, u, class, delay_ms, failed);
+
+    if (word == RIC_CLASSIFY_RETRY && !r->replay_safe && class != RIC_CLASS_CONNECT_ERROR) {
+        ric_log_error(RIC_LOG_WARN, 0, "route script %s asked to retry a request that is not "
+                      "replay-safe: refused (DESIGN 1.1), client: %s",
+                      r->location->refs.script->path, r->c->peer);
+    }
+    return word;
 }
 
 static const char *
@@ -516,14 +527,15 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
                       what, doing(u), r->c->peer, h->peer->conf->addr_text, u->number);
     }
 
-    /* health: a status in retry_on counts against the server, as a failure */
+    /* health: a status in retry_on counts against the server, as a
+     * failure, unless the route script says otherwise */
     failed = class != RIC_CLASS_STATUS
              || ric_retry_on_match(r->policy.retry_on, RIC_CLASS_STATUS, status);
-    ric_upstream_report(r->up, h->peer, failed, now);
-
     memset(&in, 0, sizeof(in));
     in.class = class;
-    in.classified = classify(r, u, class);
+    in.classified = classify(r, u, class, &in.script_delay_ms, &failed);
+    in.has_script_delay = in.script_delay_ms >= 0;
+    ric_upstream_report(r->up, h->peer, failed, now);
     in.status = status;
     in.attempt = u->number;
     in.replay_safe = r->replay_safe;

@@ -116,6 +116,7 @@ typedef struct {
     char *idempotency_key_header;
     char *retry_attempt_header; /* "" when off */
     ric_budget_conf_t *retry_budget; /* its upstream's, unless the upstream block sets one */
+    struct ric_script_s *script;     /* the route script (script.h); NULL: none */
 } ric_http_refs_t;
 
 struct ric_location_conf_s {

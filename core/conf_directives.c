@@ -1,5 +1,6 @@
 /* conf_directives.c: the directive table, its handlers, defaults and inheritance. */
 #include "conf_parse.h"
+#include "script.h"
 #include "backoff.h"
 #include "retry.h"
 
@@ -776,6 +777,28 @@ set_body_temp_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return dup;
 }
 
+/* script FILE: loaded now, so a script that does not load stops the
+ * config (and `ricochet -t` says where, in the script). */
+static const char *
+set_script(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = ref_duplicate(cf, cmd);
+    char *path, err[1024];
+    ric_script_t *s;
+
+    (void) conf;
+    if (dup != NULL) {
+        return dup;
+    }
+    path = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
+    s = ric_script_load(path, err, sizeof(err));
+    if (s == NULL) {
+        return ric_conf_reason(cf, "cannot load script \"%s\": %s", cf->args[1], err);
+    }
+    *(ric_script_t **) ref_at(cf, cmd) = s;
+    return NULL;
+}
+
 static const char *
 set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -1103,6 +1126,8 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "request body bytes kept in memory; the rest goes to a temp file" },
     { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_body_temp_path,
       REFS(body_temp_path), "/tmp", "directory for request bodies larger than the buffer" },
+    { "script", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_script, REFS(script), NULL,
+      "FILE: the route script (Lua) whose hooks classify, mark idempotent and attach keys" },
     { "proxy_pass", RIC_CONF_LOC, RIC_CONF_TAKE1, set_proxy_pass, RIC_CONF_NO_OFFSET, NULL,
       "http://UPSTREAM | http://HOST:PORT: where the location's requests go" },
     { "proxy_set_header", SETTINGS_CTX, RIC_CONF_TAKE2, set_proxy_set_header,

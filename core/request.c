@@ -4,6 +4,7 @@
 #include "log.h"
 #include "respond.h"
 #include "route.h"
+#include "script.h"
 #include "worker.h"
 
 #define REQUEST_POOL_SIZE 8192
@@ -15,7 +16,7 @@ static int phase_idempotency(ric_request_t *r);
 
 /* DESIGN §2, in order; LOG is the finalize itself. */
 static int (*const phases[])(ric_request_t *r) = {
-    phase_route, phase_on_request, phase_body, phase_idempotency, ric_attempts_phase,
+    phase_route, phase_body, phase_on_request, phase_idempotency, ric_attempts_phase,
     ric_respond_phase
 };
 
@@ -240,12 +241,20 @@ phase_route(ric_request_t *r)
     return RIC_OK;
 }
 
-/* The route script's on_request runs here (issue 9). */
+/* The route script: its on_log is a cleanup (it runs at finalize, before
+ * the access log), its on_request runs now, with the body held. */
 static int
 phase_on_request(ric_request_t *r)
 {
-    (void) r;
-    return RIC_OK;
+    const ric_script_t *s = r->location ? r->location->refs.script : NULL;
+
+    if (s == NULL || r->up == NULL) {
+        return RIC_OK;
+    }
+    if (s->has_on_log) {
+        ric_request_cleanup_add(r, ric_script_log_cleanup, r);
+    }
+    return ric_script_on_request(r);
 }
 
 static void
@@ -398,6 +407,16 @@ ric_request_shutdown(ric_request_t *r, int64_t deadline_ms)
 
 /* --- the last cleanup ------------------------------------------------------- */
 
+int
+ric_request_final_status(const ric_request_t *r)
+{
+    /* no answer began: 499 when the client left, as nginx logs it; 503
+     * when the worker stopped under it */
+    return r->responding ? r->status
+           : r->end == RIC_END_CLIENT_GONE ? 499
+           : r->end == RIC_END_SHUTDOWN ? 503 : r->status;
+}
+
 static void
 access_log_cleanup(void *data)
 {
@@ -415,11 +434,7 @@ access_log_cleanup(void *data)
         e->path = ric_request_span(r, m->target_off, m->target_len);
         e->host = ric_request_host(r);
     }
-    /* no answer began: 499 when the client left, as nginx logs it; 503
-     * when the worker stopped under it */
-    e->status = r->responding ? r->status
-                : r->end == RIC_END_CLIENT_GONE ? 499
-                : r->end == RIC_END_SHUTDOWN ? 503 : r->status;
+    e->status = ric_request_final_status(r);
     e->bytes = r->c->response_bytes;
     e->duration_us = ric_now_us() - r->start_us;
     e->not_retried = r->not_retried != RIC_RETRY_YES ? ric_retry_reason_name(r->not_retried)

@@ -20,8 +20,8 @@
  * r->status holds the gateway's own answer, or r->answer the upstream's). */
 typedef enum {
     RIC_PHASE_ROUTE = 0,   /* server and location */
-    RIC_PHASE_ON_REQUEST,  /* the route script's on_request (issue 9) */
     RIC_PHASE_BODY,        /* buffer the body for replay, or start streaming it */
+    RIC_PHASE_ON_REQUEST,  /* the route script's on_request: after the body, so req:body() has it */
     RIC_PHASE_IDEMPOTENCY, /* the idempotency store's lookup (issue 10) */
     RIC_PHASE_ATTEMPTS,    /* attempt.c: tries, waits, the answer chosen */
     RIC_PHASE_RESPOND,     /* respond.c: the answer goes to the client */
@@ -94,7 +94,13 @@ struct ric_request_s {
     ric_access_entry_t log;         /* the attempt log, for the access log */
 
     ric_async_t *async; /* pending asynchronous operations */
-    void *script;       /* the route script's state (issue 9) */
+    /* the route script's word (script.c, script_api.c) */
+    int script_idempotent;     /* req.idempotent: 1 true, -1 false, 0 not set */
+    const char *script_key;    /* req:set_idempotency_key (pool) */
+    int script_status;         /* req:respond's status; 0: it did not answer */
+    ric_str_t script_headers;  /* its fields, "Name: value\r\n" each (pool) */
+    ric_str_t script_body;     /* (pool) */
+    int script_typed;          /* its fields have a Content-Type */
 };
 
 /* A new request on c, whose head is parsed in c->msg, or refused with
@@ -125,6 +131,10 @@ void ric_request_async_end(ric_request_t *r, ric_async_t *a);
 /* The gateway answers the request itself (closes: the connection is not
  * trusted after). Returns RIC_DONE, for a phase to return. */
 int ric_request_answer(ric_request_t *r, int status, int closes);
+
+/* The status the request ended with, as logged: its answer's, 499 when the
+ * client left before one began, 503 when the worker stopped under it. */
+int ric_request_final_status(const ric_request_t *r);
 
 /* A span of the request's head. */
 static inline ric_str_t

@@ -7,30 +7,47 @@
 
 #include <stdio.h>
 
-/* The gateway's own answer, with a short text body. */
+/* The gateway's own answer, with a short text body; or a route script's
+ * (req:respond), with its fields and body. */
 static void
 own_head(ric_request_t *r)
 {
     ric_conn_t *c = r->c;
     char head[512], body[128];
     const char *reason = ric_http_status_text(r->status);
-    int blen, hlen, keep = ric_conn_keepalive(c);
+    const char *type = "Content-Type: text/plain\r\n";
+    const u_char *b = (const u_char *) body;
+    size_t blen;
+    int hlen, keep = ric_conn_keepalive(c);
+    ric_str_t fields = ric_null_string;
 
-    blen = snprintf(body, sizeof(body), "%d %s\n", r->status, reason);
+    if (r->script_status != 0) {
+        fields = r->script_headers;
+        b = r->script_body.data;
+        blen = r->script_body.len;
+        if (r->script_typed) {
+            type = "";
+        }
+    } else {
+        blen = (size_t) snprintf(body, sizeof(body), "%d %s\n", r->status, reason);
+    }
     hlen = snprintf(head, sizeof(head),
                     "HTTP/1.1 %d %s\r\n"
                     "Server: ricochet\r\n"
                     "Date: %s\r\n"
-                    "Content-Type: text/plain\r\n"
-                    "Content-Length: %d\r\n"
                     "%s"
-                    "\r\n",
-                    r->status, reason, ric_worker_date(c->worker), blen,
+                    "Content-Length: %zu\r\n"
+                    "%s",
+                    r->status, reason, ric_worker_date(c->worker), type, blen,
                     !keep ? "Connection: close\r\n"
                     : r->msg->version == 10 ? "Connection: keep-alive\r\n" : "");
     ric_conn_head_append(c, head, (size_t) hlen);
+    if (fields.len > 0) {
+        ric_conn_head_append(c, fields.data, fields.len);
+    }
+    ric_conn_head_append(c, "\r\n", 2);
     if (!(r->msg->method == RIC_HTTP_HEAD && r->msg->head_len > 0)) {
-        ric_conn_head_append(c, body, (size_t) blen);
+        ric_conn_head_append(c, b, blen);
     }
 }
 

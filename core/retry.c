@@ -186,7 +186,9 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     if (policy->attempts > 0 && in->attempt >= policy->attempts) {
         return no(RIC_RETRY_ATTEMPTS);
     }
-    if (in->class == RIC_CLASS_STATUS && in->has_retry_after && in->retry_after_ms >= 0
+    if (in->classified == RIC_CLASSIFY_RETRY && in->has_script_delay) {
+        d.wait_ms = ric_max(in->script_delay_ms, (int64_t) 0);
+    } else if (in->class == RIC_CLASS_STATUS && in->has_retry_after && in->retry_after_ms >= 0
         && in->retry_after_ms <= policy->retry_after_max_ms) {
         d.wait_ms = in->retry_after_ms;
     } else {

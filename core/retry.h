@@ -46,6 +46,8 @@ typedef struct {
     int response_started;  /* a byte of this request's answer reached the client */
     int has_retry_after;   /* a valid Retry-After came with the response */
     int64_t retry_after_ms;
+    int has_script_delay;  /* the route script's "retry", seconds: the wait */
+    int64_t script_delay_ms;
     int64_t now_ms;
     int64_t deadline_ms;   /* the request's deadline on the same clock */
 } ric_retry_input_t;
@@ -80,10 +82,11 @@ extern int ric_retry_killed;
 
 /* Decides whether the attempt described by in is retried, in this order:
  * retries enabled; not after a byte of the answer went to the client; a
- * transient class/status (retry_on); replay-safe unless the attempt never
- * reached the upstream (connect_error); a replayable body; attempts left;
- * the wait (a valid Retry-After up to retry_after_max, else jittered
- * backoff) ending before the deadline; and last the budget, which refuses
+ * transient class/status (retry_on, or the script's word); replay-safe
+ * unless the attempt never reached the upstream (connect_error); a
+ * replayable body; attempts left; the wait (the script's delay, else a
+ * valid Retry-After up to retry_after_max, else jittered backoff) ending
+ * before the deadline; and last the budget, which refuses
  * only a retry it can neither pay for nor let wait (the retry is paid for
  * with ric_budget_take when it is about to be sent). rnd/ctx draw the
  * jitter. Pure: the budget is only read. */

@@ -1,0 +1,426 @@
+/* script.c: route scripts: one LuaJIT state per process, loading at config time, bounded hook calls. */
+#include "script.h"
+#include "attempt.h"
+#include "log.h"
+#include "request.h"
+#include "retry.h"
+#include "script_api.h"
+#include "upstream.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+/*
+ * The state is made by the first `script` directive, in the process that
+ * reads the config (the master, or `ricochet -t`), and every script is
+ * loaded into it then: a script that does not load stops the config.
+ * Workers are forked with a copy of it, so each has its own state and
+ * nothing is shared. The bundled library (ricochet/api.lua, the objects
+ * the hooks get; ricochet/sandbox.lua, how a script is loaded) is built
+ * into the binary.
+ */
+
+extern const char ric_lua_api[];
+extern const char ric_lua_sandbox[];
+
+static lua_State *L;
+static ric_script_t *scripts;
+static int ref_traceback = LUA_NOREF, ref_prepare = LUA_NOREF, ref_ricochet = LUA_NOREF;
+static int ref_req = LUA_NOREF, ref_res = LUA_NOREF, ref_attempt = LUA_NOREF;
+
+ric_request_t *ric_script_request;
+ric_attempt_t *ric_script_attempt;
+
+/* --- the bound on a call ------------------------------------------------------ */
+
+#define HOOK_EVERY 10000 /* instructions between checks */
+
+static int64_t call_start_ms;
+static int64_t call_ticks;
+
+static void
+bound_hook(lua_State *l, lua_Debug *ar)
+{
+    (void) ar;
+    if (++call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
+        || ric_now_ms() - call_start_ms > RIC_SCRIPT_MAX_MS) {
+        lua_sethook(l, NULL, 0, 0); /* the error's traceback runs unbounded, and once */
+        luaL_error(l, "stopped: it ran longer than a hook may (%d instructions or %d ms)",
+                   RIC_SCRIPT_MAX_INSTRUCTIONS, RIC_SCRIPT_MAX_MS);
+    }
+}
+
+/* Calls the function below its nargs arguments on the stack with nres
+ * results, bounded, with a traceback on error. 0, or an error with the
+ * message (and traceback) on the stack. */
+static int
+call(int nargs, int nres)
+{
+    int base = lua_gettop(L) - nargs, rc;
+
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_traceback);
+    lua_insert(L, base);
+    call_start_ms = ric_now_ms();
+    call_ticks = 0;
+    lua_sethook(L, bound_hook, LUA_MASKCOUNT, HOOK_EVERY);
+    rc = lua_pcall(L, nargs, nres, base);
+    lua_sethook(L, NULL, 0, 0);
+    lua_remove(L, base);
+    return rc;
+}
+
+/* --- the state ---------------------------------------------------------------- */
+
+static int
+load_bundled(const char *src, const char *name, char *err, size_t errlen)
+{
+    if (luaL_loadbuffer(L, src, strlen(src), name) != 0 || lua_pcall(L, 0, 1, 0) != 0) {
+        snprintf(err, errlen, "cannot load the bundled %s: %s", name + 1, lua_tostring(L, -1));
+        return RIC_ERROR;
+    }
+    return RIC_OK;
+}
+
+static int
+state_init(char *err, size_t errlen)
+{
+    L = luaL_newstate();
+    if (L == NULL) {
+        snprintf(err, errlen, "cannot create the Lua state (out of memory)");
+        return RIC_ERROR;
+    }
+    luaL_openlibs(L);
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    ref_traceback = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pop(L, 1);
+
+    /* api.lua returns function(binding) -> { req, res, attempt, ricochet } */
+    if (load_bundled(ric_lua_api, "=ricochet/api.lua", err, errlen) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    ric_script_api_push(L);
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+        snprintf(err, errlen, "cannot start the route script library: %s (is lua-cjson "
+                 "installed?)", lua_tostring(L, -1));
+        return RIC_ERROR;
+    }
+    lua_getfield(L, -1, "req");
+    ref_req = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "res");
+    ref_res = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "attempt");
+    ref_attempt = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "ricochet");
+    ref_ricochet = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pop(L, 1);
+
+    if (load_bundled(ric_lua_sandbox, "=ricochet/sandbox.lua", err, errlen) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    ref_prepare = luaL_ref(L, LUA_REGISTRYINDEX);
+    return RIC_OK;
+}
+
+/* --- loading ------------------------------------------------------------------ */
+
+static int
+hook_ref(const char *path, const char *name, char *err, size_t errlen, int *ref)
+{
+    lua_getfield(L, -1, name);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        *ref = LUA_NOREF;
+        return RIC_OK;
+    }
+    if (!lua_isfunction(L, -1)) {
+        snprintf(err, errlen, "%s: route.%s must be a function, not a %s", path, name,
+                 luaL_typename(L, -1));
+        lua_pop(L, 1);
+        return RIC_ERROR;
+    }
+    *ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return RIC_OK;
+}
+
+ric_script_t *
+ric_script_load(const char *path, char *err, size_t errlen)
+{
+    ric_script_t *s;
+    const char *key;
+    int top;
+
+    for (s = scripts; s; s = s->next) {
+        if (strcmp(s->path, path) == 0) {
+            return s;
+        }
+    }
+    if (L == NULL && state_init(err, errlen) != RIC_OK) {
+        return NULL;
+    }
+    top = lua_gettop(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_prepare);
+    lua_pushstring(L, path);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_ricochet);
+    if (call(2, 2) != 0 || lua_isnil(L, -2)) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "cannot load it");
+        lua_settop(L, top);
+        return NULL;
+    }
+    lua_pop(L, 1);
+    /* the main chunk runs once, bounded like a hook */
+    if (call(0, 1) != 0) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1));
+        lua_settop(L, top);
+        return NULL;
+    }
+    if (!lua_istable(L, -1)) {
+        snprintf(err, errlen, "%s: the script must return a table of hooks (on_request, classify, "
+                 "on_log), not a %s", path, luaL_typename(L, -1));
+        lua_settop(L, top);
+        return NULL;
+    }
+    lua_pushnil(L);
+    while (lua_next(L, -2) != 0) {
+        key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        if (key == NULL || (strcmp(key, "on_request") != 0 && strcmp(key, "classify") != 0
+                            && strcmp(key, "on_log") != 0)) {
+            snprintf(err, errlen, "%s: the table returned has \"%s\", which is no hook (they are "
+                     "on_request, classify and on_log)", path, key ? key : "a non-string key");
+            lua_settop(L, top);
+            return NULL;
+        }
+        lua_pop(L, 1);
+    }
+    s = ric_xcalloc(1, sizeof(*s));
+    s->path = ric_xstrdup(path);
+    if (hook_ref(path, "on_request", err, errlen, &s->ref_on_request) != RIC_OK
+        || hook_ref(path, "classify", err, errlen, &s->ref_classify) != RIC_OK
+        || hook_ref(path, "on_log", err, errlen, &s->ref_on_log) != RIC_OK) {
+        free(s->path);
+        free(s);
+        lua_settop(L, top);
+        return NULL;
+    }
+    lua_settop(L, top);
+    s->has_on_log = s->ref_on_log != LUA_NOREF;
+    s->next = scripts;
+    scripts = s;
+    return s;
+}
+
+/* --- calls -------------------------------------------------------------------- */
+
+static ric_script_t *
+script_of(const ric_request_t *r)
+{
+    return r->location != NULL ? r->location->refs.script : NULL;
+}
+
+static void
+set_string(const char *field, ric_str_t v)
+{
+    lua_pushlstring(L, (const char *) v.data, v.len);
+    lua_setfield(L, -2, field);
+}
+
+static void
+log_failure(const ric_script_t *s, const char *hook, const ric_request_t *r)
+{
+    ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s, client: %s", s->path, hook,
+                  strcmp(hook, "on_log") != 0 ? " (the built-in policy decides)" : "",
+                  lua_tostring(L, -1), r->c->peer);
+}
+
+int
+ric_script_on_request(ric_request_t *r)
+{
+    ric_script_t *s = script_of(r);
+    const ric_http_msg_t *m = r->msg;
+    ric_str_t target, path, query = ric_null_string;
+    int top, rc;
+
+    if (s == NULL || s->ref_on_request == LUA_NOREF) {
+        return RIC_OK;
+    }
+    top = lua_gettop(L);
+    target = ric_request_span(r, m->target_off, m->target_len);
+    path = target;
+    for (size_t i = 0; i < target.len; i++) {
+        if (target.data[i] == '?') {
+            path.len = i;
+            query.data = target.data + i + 1;
+            query.len = target.len - i - 1;
+            break;
+        }
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_request);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);
+    set_string("method", ric_request_span(r, m->method_off, m->method_len));
+    set_string("path", path);
+    lua_pushlstring(L, query.data ? (const char *) query.data : "", query.len);
+    lua_setfield(L, -2, "query");
+    lua_pushnil(L);
+    lua_setfield(L, -2, "idempotent");
+
+    ric_script_request = r;
+    rc = call(1, 0);
+    ric_script_request = NULL;
+    if (rc != 0) {
+        log_failure(s, "on_request", r);
+        ric_script_api_undo(r);
+        lua_settop(L, top);
+        return RIC_OK;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);
+    lua_getfield(L, -1, "idempotent");
+    if (lua_isboolean(L, -1)) {
+        r->script_idempotent = lua_toboolean(L, -1) ? 1 : -1;
+    } else if (!lua_isnil(L, -1)) {
+        ric_log_error(RIC_LOG_ERR, 0, "route script %s: on_request set req.idempotent to a %s; "
+                      "it takes true or false (ignored), client: %s", s->path,
+                      luaL_typename(L, -1), r->c->peer);
+    }
+    lua_settop(L, top);
+    return ric_script_api_respond(r) ? RIC_DONE : RIC_OK;
+}
+
+int
+ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t *delay_ms,
+                    int *failed)
+{
+    ric_script_t *s = script_of(r);
+    int64_t now = ric_now_ms();
+    const char *verdict;
+    double delay;
+    int top, rc, word = RIC_CLASSIFY_DEFAULT;
+
+    *delay_ms = -1;
+    if (s == NULL || s->ref_classify == LUA_NOREF) {
+        return RIC_CLASSIFY_DEFAULT;
+    }
+    top = lua_gettop(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_classify);
+    if (class == RIC_CLASS_STATUS) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
+        lua_pushinteger(L, u->client.resp.status);
+        lua_setfield(L, -2, "status");
+    } else {
+        lua_pushnil(L); /* no response: attempt.class says why */
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_attempt);
+    lua_pushinteger(L, u->number);
+    lua_setfield(L, -2, "number");
+    lua_pushstring(L, ric_retry_class_name(class));
+    lua_setfield(L, -2, "class");
+    lua_pushnumber(L, (double) (ric_now_us() - r->start_us) / 1e6);
+    lua_setfield(L, -2, "elapsed");
+    lua_pushnumber(L, (double) ric_max(r->deadline_ms - now, (int64_t) 0) / 1e3);
+    lua_setfield(L, -2, "remaining");
+    lua_pushstring(L, u->client.peer ? u->client.peer->conf->addr_text : "");
+    lua_setfield(L, -2, "upstream");
+
+    ric_script_request = r;
+    ric_script_attempt = u;
+    rc = call(2, 2);
+    ric_script_request = NULL;
+    ric_script_attempt = NULL;
+    if (rc != 0) {
+        log_failure(s, "classify", r);
+        lua_settop(L, top);
+        return RIC_CLASSIFY_DEFAULT;
+    }
+    verdict = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+    if (lua_isnil(L, -2)) {
+        word = RIC_CLASSIFY_DEFAULT; /* no opinion */
+    } else if (verdict != NULL && strcmp(verdict, "retry") == 0) {
+        word = RIC_CLASSIFY_RETRY;
+        *failed = 1;
+        if (lua_type(L, -1) == LUA_TNUMBER) {
+            delay = lua_tonumber(L, -1);
+            if (delay >= 0 && delay < 86400.0 * 365) {
+                *delay_ms = (int64_t) (delay * 1000.0 + 0.5);
+            } else {
+                ric_log_error(RIC_LOG_ERR, 0, "route script %s: classify asked for a delay of %g "
+                              "seconds (ignored: backoff decides), client: %s", s->path, delay,
+                              r->c->peer);
+            }
+        } else if (!lua_isnil(L, -1)) {
+            ric_log_error(RIC_LOG_ERR, 0, "route script %s: classify's delay is a %s, not a number "
+                          "of seconds (ignored), client: %s", s->path, luaL_typename(L, -1),
+                          r->c->peer);
+        }
+    } else if (verdict != NULL && strcmp(verdict, "accept") == 0) {
+        word = RIC_CLASSIFY_FINAL;
+        *failed = 0;
+    } else if (verdict != NULL && strcmp(verdict, "fail") == 0) {
+        word = RIC_CLASSIFY_FINAL;
+        *failed = 1;
+    } else {
+        ric_log_error(RIC_LOG_ERR, 0, "route script %s: classify returned %s%s%s; it returns "
+                      "\"retry\" [, seconds], \"accept\", \"fail\" or nil (the built-in policy "
+                      "decides), client: %s", s->path, verdict ? "\"" : "a ",
+                      verdict ? verdict : luaL_typename(L, -2), verdict ? "\"" : "", r->c->peer);
+    }
+    lua_settop(L, top);
+    return word;
+}
+
+void
+ric_script_log_cleanup(void *data)
+{
+    ric_request_t *r = data;
+    ric_script_t *s = script_of(r);
+    const ric_access_entry_t *e = &r->log;
+    const ric_http_msg_t *m = r->msg;
+    int top, i;
+
+    if (s == NULL || s->ref_on_log == LUA_NOREF) {
+        return;
+    }
+    top = lua_gettop(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_log);
+    lua_newtable(L); /* ctx: a copy, so nothing the hook does reaches the request */
+    set_string("method", ric_request_span(r, m->method_off, m->method_len));
+    set_string("path", ric_request_span(r, m->target_off, m->target_len));
+    lua_pushinteger(L, ric_request_final_status(r));
+    lua_setfield(L, -2, "status");
+    lua_pushnumber(L, (double) (ric_now_us() - r->start_us) / 1e6);
+    lua_setfield(L, -2, "duration");
+    if (r->log.upstream != NULL) {
+        lua_pushstring(L, r->log.upstream);
+        lua_setfield(L, -2, "upstream");
+    }
+    if (r->not_retried != RIC_RETRY_YES) {
+        lua_pushstring(L, ric_retry_reason_name(r->not_retried));
+        lua_setfield(L, -2, "not_retried");
+    }
+    lua_createtable(L, e->nattempts, 0);
+    for (i = 0; i < e->nattempts; i++) {
+        const ric_attempt_record_t *a = &e->attempts[i];
+        lua_createtable(L, 0, 5);
+        lua_pushstring(L, a->class);
+        lua_setfield(L, -2, "class");
+        if (a->status > 0) {
+            lua_pushinteger(L, a->status);
+            lua_setfield(L, -2, "status");
+        }
+        if (a->server != NULL) {
+            lua_pushstring(L, a->server);
+            lua_setfield(L, -2, "upstream");
+        }
+        lua_pushnumber(L, (double) a->duration_us / 1e6);
+        lua_setfield(L, -2, "duration");
+        lua_pushnumber(L, (double) a->wait_us / 1e6);
+        lua_setfield(L, -2, "wait");
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "attempts");
+
+    /* no current request: req and res kept from earlier hooks change nothing now */
+    if (call(1, 0) != 0) {
+        log_failure(s, "on_log", r);
+    }
+    lua_settop(L, top);
+}

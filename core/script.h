@@ -1,0 +1,50 @@
+/* script.h: route scripts: the LuaJIT state, loading at config time, and the three hooks' calls. */
+#ifndef RIC_SCRIPT_H
+#define RIC_SCRIPT_H
+
+#include "ric_core.h"
+
+/* One loaded route script (several locations may share it). */
+typedef struct ric_script_s ric_script_t;
+struct ric_script_s {
+    char *path;
+    int ref_on_request; /* registry refs; LUA_NOREF when the hook is absent */
+    int ref_classify;
+    int ref_on_log;
+    int has_on_log;
+    ric_script_t *next;
+};
+
+/* Most instructions one hook call may run before it is stopped (counted
+ * in the interpreter, where script code always runs), and the wall-clock
+ * bound checked alongside. */
+#define RIC_SCRIPT_MAX_INSTRUCTIONS 10000000
+#define RIC_SCRIPT_MAX_MS 50
+
+/* Loads the script at path (once per path) in this process's state: its
+ * main chunk runs, bounded, and must return a table of hooks. NULL with
+ * err set to "path:line: reason" when it cannot. */
+ric_script_t *ric_script_load(const char *path, char *err, size_t errlen);
+
+/* The on_request phase: runs the route script's on_request, if any.
+ * RIC_OK, or RIC_DONE when the script answered (req:respond). An error in
+ * the script is logged and the request goes on as if it had none. */
+int ric_script_on_request(ric_request_t *r);
+
+/* The script's word on the attempt that just ended (RIC_CLASSIFY_*), with
+ * *delay_ms for a "retry" that named a delay (-1: none). The built-in
+ * policy decides (RIC_CLASSIFY_DEFAULT) when the script has no classify,
+ * returns nil, fails, or returns something else (logged). *failed says
+ * whether the verdict counts as a failure for health and budget (a
+ * "fail" or "retry"; "accept" is a success). */
+int ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t *delay_ms,
+                        int *failed);
+
+/* The script's on_log, as a request cleanup (registered when has_on_log). */
+void ric_script_log_cleanup(void *data);
+
+/* The request the binding works on during a hook call (script_api.c). */
+extern ric_request_t *ric_script_request;
+extern ric_attempt_t *ric_script_attempt;
+
+#endif /* RIC_SCRIPT_H */

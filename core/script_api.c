@@ -1,0 +1,451 @@
+/* script_api.c: the gateway's binding for route scripts: the request being handled, its attempt, OpenSSL digests. */
+#include "script_api.h"
+#include "attempt.h"
+#include "headers.h"
+#include "log.h"
+#include "request.h"
+#include "retry_after.h"
+#include "script.h"
+
+#include <lauxlib.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdio.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Every function works on ric_script_request, set only while a hook runs:
+ * a req or res kept and used later is an error, never a stale pointer. */
+static ric_request_t *
+current(lua_State *L)
+{
+    if (ric_script_request == NULL) {
+        luaL_error(L, "req and res can only be used while their hook runs");
+    }
+    return ric_script_request;
+}
+
+static ric_attempt_t *
+current_attempt(lua_State *L)
+{
+    if (current(L) != NULL && ric_script_attempt == NULL) {
+        luaL_error(L, "res can only be used in classify");
+    }
+    return ric_script_attempt;
+}
+
+static void
+push_str(lua_State *L, ric_str_t v)
+{
+    if (v.data == NULL) {
+        lua_pushnil(L);
+    } else {
+        lua_pushlstring(L, (const char *) v.data, v.len);
+    }
+}
+
+/* A field name the client may send: a token. */
+static int
+is_token(const char *s, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char) s[i];
+        if (!(ch > 32 && ch < 127 && !strchr("\"(),/:;<=>?@[\\]{}", ch))) {
+            return 0;
+        }
+    }
+    return n > 0;
+}
+
+static int
+is_value(const char *s, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char) s[i];
+        if ((ch < 32 && ch != '\t') || ch == 127) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Fields the gateway frames itself. */
+static int
+is_reserved(const char *name, size_t n)
+{
+    static const char *const names[] = { "content-length", "transfer-encoding", "connection",
+                                         "keep-alive", "upgrade", "te", "trailer",
+                                         "proxy-connection" };
+    ric_str_t a = { (const u_char *) name, n };
+    size_t i;
+
+    for (i = 0; i < ric_nelems(names); i++) {
+        ric_str_t b = { (const u_char *) names[i], strlen(names[i]) };
+        if (ric_str_eq_nocase(a, b)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static ric_header_edit_t *
+find_edit(ric_request_t *r, const char *name, size_t n)
+{
+    ric_header_edit_t *e;
+    ric_str_t want = { (const u_char *) name, n };
+
+    for (e = r->edits; e; e = e->next) {
+        if (ric_str_eq_nocase(e->name, want)) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+static char *
+pool_copy(ric_request_t *r, const char *s, size_t n)
+{
+    char *p = ric_palloc(r->pool, n + 1);
+
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+/* Sets (value non-NULL) or removes a field as it goes upstream. */
+static void
+edit(ric_request_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+    ric_header_edit_t *e = find_edit(r, name, nlen);
+
+    if (e == NULL) {
+        e = ric_pcalloc(r->pool, sizeof(*e));
+        e->name.data = (const u_char *) pool_copy(r, name, nlen);
+        e->name.len = nlen;
+        e->next = r->edits;
+        r->edits = e;
+    }
+    e->value.data = value ? (const u_char *) pool_copy(r, value, vlen) : NULL;
+    e->value.len = value ? vlen : 0;
+}
+
+/* --- req -------------------------------------------------------------------- */
+
+static int
+req_header(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    size_t n;
+    const char *name = luaL_checklstring(L, 1, &n);
+    ric_header_edit_t *e = find_edit(r, name, n);
+
+    if (e != NULL) {
+        push_str(L, e->value);
+        return 1;
+    }
+    push_str(L, ric_headers_find(r->c->in, r->msg, name));
+    return 1;
+}
+
+static int
+req_set_header(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    size_t n, vn = 0;
+    const char *name = luaL_checklstring(L, 1, &n);
+    const char *value = lua_isnil(L, 2) ? NULL : luaL_checklstring(L, 2, &vn);
+
+    if (!is_token(name, n)) {
+        return luaL_error(L, "req:set_header: \"%s\" is not a valid field name", name);
+    }
+    if (is_reserved(name, n)) {
+        return luaL_error(L, "req:set_header: %s is the gateway's to set", name);
+    }
+    if (value != NULL && !is_value(value, vn)) {
+        return luaL_error(L, "req:set_header: the value of %s has control characters", name);
+    }
+    edit(r, name, n, value, vn);
+    return 0;
+}
+
+static int
+req_body(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    const ric_body_t *b = &r->body;
+    luaL_Buffer buf;
+    char chunk[16384];
+    uint64_t off = 0;
+    ssize_t got;
+
+    if (r->body_mode != RIC_REQ_BODY_BUFFER || !r->body_complete) {
+        lua_pushnil(L); /* none, or streamed through */
+        return 1;
+    }
+    luaL_buffinit(L, &buf);
+    luaL_addlstring(&buf, (const char *) b->mem, b->mem_len);
+    while (b->fd != -1 && off < b->file_len) {
+        got = pread(b->fd, chunk, (size_t) ric_min((uint64_t) sizeof(chunk), b->file_len - off),
+                    (off_t) off);
+        if (got <= 0) {
+            return luaL_error(L, "req:body: cannot read the body's temp file");
+        }
+        luaL_addlstring(&buf, chunk, (size_t) got);
+        off += (uint64_t) got;
+    }
+    luaL_pushresult(&buf);
+    return 1;
+}
+
+static int
+req_set_idempotency_key(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    const char *header = r->location->refs.idempotency_key_header;
+    size_t n;
+    const char *key = luaL_checklstring(L, 1, &n);
+
+    if (n == 0 || n > 255 || !is_value(key, n)) {
+        return luaL_error(L, "req:set_idempotency_key: a key is 1 to 255 printable characters");
+    }
+    edit(r, header, strlen(header), key, n);
+    r->script_key = (const char *) find_edit(r, header, strlen(header))->value.data;
+    return 0;
+}
+
+static int
+req_idempotency_key(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    const char *header = r->location->refs.idempotency_key_header;
+
+    if (r->script_key != NULL) {
+        lua_pushstring(L, r->script_key);
+        return 1;
+    }
+    push_str(L, ric_headers_find(r->c->in, r->msg, header));
+    return 1;
+}
+
+#define RESPOND_MAX_BODY (1 << 20)
+
+/* req:respond(status, {name, value, ...}, body): checked by api.lua for
+ * types; here for what HTTP allows. */
+static int
+req_respond(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    int status = (int) luaL_checkinteger(L, 1), i, n;
+    size_t nlen, vlen, blen;
+    const char *name, *value, *body;
+    ric_buf_t h = { NULL, 0, 0 };
+
+    luaL_checktype(L, 2, LUA_TTABLE);
+    body = luaL_checklstring(L, 3, &blen);
+    if (status < 200 || status > 599) {
+        return luaL_error(L, "req:respond: status %d is not from 200 to 599", status);
+    }
+    if (blen > RESPOND_MAX_BODY) {
+        return luaL_error(L, "req:respond: a body of %d bytes is over the %d a script may send",
+                          (int) ric_min(blen, (size_t) INT32_MAX), RESPOND_MAX_BODY);
+    }
+    r->script_typed = 0;
+    n = (int) lua_objlen(L, 2);
+    for (i = 1; i + 1 <= n; i += 2) {
+        lua_rawgeti(L, 2, i);
+        lua_rawgeti(L, 2, i + 1);
+        name = lua_tolstring(L, -2, &nlen);
+        value = lua_tolstring(L, -1, &vlen);
+        if (name == NULL || value == NULL || !is_token(name, nlen) || !is_value(value, vlen)) {
+            ric_buf_free(&h);
+            return luaL_error(L, "req:respond: \"%s\" is not a valid header",
+                              name ? name : "(not a string)");
+        }
+        if (is_reserved(name, nlen) || (nlen == 4 && strncasecmp(name, "date", 4) == 0)) {
+            ric_buf_free(&h);
+            return luaL_error(L, "req:respond: %s is the gateway's to set", name);
+        }
+        r->script_typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
+        ric_buf_put(&h, name, nlen);
+        ric_buf_puts(&h, ": ");
+        ric_buf_put(&h, value, vlen);
+        ric_buf_puts(&h, "\r\n");
+        lua_pop(L, 2);
+    }
+    r->script_status = status;
+    r->script_headers.data = (const u_char *) (h.len ? pool_copy(r, (char *) h.data, h.len) : "");
+    r->script_headers.len = h.len;
+    r->script_body.data = (const u_char *) pool_copy(r, body, blen);
+    r->script_body.len = blen;
+    ric_buf_free(&h);
+    return 0;
+}
+
+/* --- res -------------------------------------------------------------------- */
+
+static int
+res_header(lua_State *L)
+{
+    ric_attempt_t *u = current_attempt(L);
+    const char *name = luaL_checkstring(L, 1);
+
+    push_str(L, ric_headers_find(u->client.buf, &u->client.resp, name));
+    return 1;
+}
+
+static int
+res_retry_after(lua_State *L)
+{
+    ric_attempt_t *u = current_attempt(L);
+    ric_str_t v = ric_headers_find(u->client.buf, &u->client.resp, "retry-after");
+    int64_t ms;
+
+    if (v.data != NULL && ric_retry_after_parse(v.data, v.len, time(NULL), &ms) == RIC_OK) {
+        lua_pushnumber(L, (double) ms / 1000.0);
+    } else {
+        lua_pushnil(L);
+    }
+    return 1;
+}
+
+static int
+res_body(lua_State *L)
+{
+    (void) current_attempt(L);
+    lua_pushnil(L); /* classify_body_max is not built yet: classified by head only */
+    return 1;
+}
+
+/* --- ricochet.* ------------------------------------------------------------- */
+
+static int
+uuid(lua_State *L)
+{
+    char id[37];
+
+    ric_uuid_v4(id);
+    lua_pushlstring(L, id, 36);
+    return 1;
+}
+
+static void
+push_hex(lua_State *L, const unsigned char *md, unsigned n)
+{
+    static const char digits[] = "0123456789abcdef";
+    char hex[2 * EVP_MAX_MD_SIZE];
+    unsigned i;
+
+    for (i = 0; i < n; i++) {
+        hex[2 * i] = digits[md[i] >> 4];
+        hex[2 * i + 1] = digits[md[i] & 15];
+    }
+    lua_pushlstring(L, hex, 2 * n);
+}
+
+static int
+sha256(lua_State *L)
+{
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+
+    if (EVP_Digest(s, n, md, &len, EVP_sha256(), NULL) != 1) {
+        return luaL_error(L, "ricochet.sha256: OpenSSL failed");
+    }
+    push_hex(L, md, len);
+    return 1;
+}
+
+static int
+hmac_sha256(lua_State *L)
+{
+    size_t kn, n;
+    const char *key = luaL_checklstring(L, 1, &kn);
+    const char *s = luaL_checklstring(L, 2, &n);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+
+    if (HMAC(EVP_sha256(), key, (int) kn, (const unsigned char *) s, n, md, &len) == NULL) {
+        return luaL_error(L, "ricochet.hmac_sha256: OpenSSL failed");
+    }
+    push_hex(L, md, len);
+    return 1;
+}
+
+static int
+now(lua_State *L)
+{
+    struct timeval tv;
+
+    gettimeofday(&tv, NULL);
+    lua_pushnumber(L, (double) tv.tv_sec + (double) tv.tv_usec / 1e6);
+    return 1;
+}
+
+static int
+log_line(lua_State *L)
+{
+    static const struct { const char *name; int level; } levels[] = {
+        { "debug", RIC_LOG_DEBUG }, { "info", RIC_LOG_INFO }, { "notice", RIC_LOG_NOTICE },
+        { "warn", RIC_LOG_WARN }, { "error", RIC_LOG_ERR }
+    };
+    const char *level = luaL_checkstring(L, 1), *msg = luaL_checkstring(L, 2), *where;
+    size_t i;
+
+    luaL_where(L, 2); /* the script's line: 1 is api.lua's wrapper */
+    where = lua_tostring(L, -1);
+    for (i = 0; i < ric_nelems(levels); i++) {
+        if (strcmp(level, levels[i].name) == 0) {
+            ric_log_error(levels[i].level, 0, "route script: %s%s%s%s", where, msg,
+                          ric_script_request ? ", client: " : "",
+                          ric_script_request ? ric_script_request->c->peer : "");
+            break;
+        }
+    }
+    return 0;
+}
+
+void
+ric_script_api_push(lua_State *L)
+{
+    static const luaL_Reg fns[] = {
+        { "req_header", req_header }, { "req_set_header", req_set_header },
+        { "req_body", req_body }, { "req_set_idempotency_key", req_set_idempotency_key },
+        { "req_idempotency_key", req_idempotency_key }, { "req_respond", req_respond },
+        { "res_header", res_header }, { "res_retry_after", res_retry_after },
+        { "res_body", res_body }, { "uuid", uuid }, { "sha256", sha256 },
+        { "hmac_sha256", hmac_sha256 }, { "now", now }, { "log", log_line }, { NULL, NULL }
+    };
+    const luaL_Reg *f;
+
+    lua_newtable(L);
+    for (f = fns; f->name != NULL; f++) {
+        lua_pushcfunction(L, f->func);
+        lua_setfield(L, -2, f->name);
+    }
+}
+
+void
+ric_script_api_undo(ric_request_t *r)
+{
+    r->edits = NULL;
+    r->script_key = NULL;
+    r->script_status = 0;
+}
+
+int
+ric_script_api_respond(ric_request_t *r)
+{
+    if (r->script_status == 0) {
+        return 0;
+    }
+    ric_request_answer(r, r->script_status, 0);
+    return 1;
+}

@@ -1,0 +1,141 @@
+-- ricochet/api.lua: the objects a route script's hooks get (req, res, attempt, ricochet), over a binding.
+--
+-- The gateway runs this file with its C binding; the test kit (ricochet.testing) runs the very same file
+-- with a binding written in Lua. A binding B provides, for "the request being handled":
+--   B.req_header(name)                  -> string | nil   (case-insensitive; the last value)
+--   B.req_set_header(name, value|nil)
+--   B.req_body()                        -> string | nil   (nil: no body, or streamed)
+--   B.req_set_idempotency_key(key)      B.req_idempotency_key() -> string | nil
+--   B.req_respond(status, headers, body)
+--   B.res_header(name)                  -> string | nil
+--   B.res_retry_after()                 -> seconds | nil
+--   B.res_body()                        -> string | nil
+--   B.uuid(), B.sha256(s), B.hmac_sha256(key, s), B.now(), B.log(level, message)
+-- and the gateway fills the fields (req.method, res.status, attempt.number...) before each call.
+local cjson = require("cjson.safe")
+
+return function(B)
+    local api = {}
+
+    local function check_string(v, what, level)
+        if type(v) ~= "string" then
+            error(("%s must be a string, got %s"):format(what, type(v)), level + 1)
+        end
+    end
+
+    -- req -----------------------------------------------------------------------------------------------------
+    local Req = {}
+    Req.__index = Req
+
+    function Req:header(name)
+        check_string(name, "req:header's name", 2)
+        return B.req_header(name)
+    end
+
+    function Req:set_header(name, value)
+        check_string(name, "req:set_header's name", 2)
+        if value ~= nil then
+            if type(value) == "number" then value = tostring(value) end
+            check_string(value, "req:set_header's value", 2)
+        end
+        B.req_set_header(name, value)
+    end
+
+    function Req:body()
+        return B.req_body()
+    end
+
+    function Req:json()
+        local body = B.req_body()
+        if body == nil then return nil end
+        local v = cjson.decode(body)
+        return v
+    end
+
+    function Req:set_idempotency_key(key)
+        check_string(key, "req:set_idempotency_key's key", 2)
+        if key == "" then error("req:set_idempotency_key: the key is empty", 2) end
+        B.req_set_idempotency_key(key)
+    end
+
+    function Req:idempotency_key()
+        return B.req_idempotency_key()
+    end
+
+    function Req:respond(status, headers, body)
+        if type(status) ~= "number" or status < 200 or status > 599 or status % 1 ~= 0 then
+            error("req:respond's status must be a number from 200 to 599", 2)
+        end
+        if headers ~= nil and type(headers) ~= "table" then
+            error("req:respond's headers must be a table of name = value", 2)
+        end
+        if body ~= nil then check_string(body, "req:respond's body", 2) end
+        local list = {}
+        for name, value in pairs(headers or {}) do
+            check_string(name, "a req:respond header name", 2)
+            if type(value) == "number" then value = tostring(value) end
+            check_string(value, "a req:respond header value", 2)
+            list[#list + 1] = name
+            list[#list + 1] = value
+        end
+        B.req_respond(status, list, body or "")
+    end
+
+    -- res -----------------------------------------------------------------------------------------------------
+    local Res = {}
+    Res.__index = Res
+
+    function Res:header(name)
+        check_string(name, "res:header's name", 2)
+        return B.res_header(name)
+    end
+
+    function Res:retry_after()
+        return B.res_retry_after()
+    end
+
+    function Res:body()
+        return B.res_body()
+    end
+
+    function Res:json()
+        local body = B.res_body()
+        if body == nil then return nil end
+        local v = cjson.decode(body)
+        return v
+    end
+
+    -- the objects: one of each, reused from call to call (the gateway refills their fields)
+    api.req = setmetatable({}, Req)
+    api.res = setmetatable({}, Res)
+    api.attempt = {}
+
+    -- ricochet ------------------------------------------------------------------------------------------------
+    local levels = { debug = true, info = true, notice = true, warn = true, error = true }
+    api.ricochet = {
+        uuid = function() return B.uuid() end,
+        sha256 = function(s)
+            check_string(s, "ricochet.sha256's argument", 2)
+            return B.sha256(s)
+        end,
+        hmac_sha256 = function(key, s)
+            check_string(key, "ricochet.hmac_sha256's key", 2)
+            check_string(s, "ricochet.hmac_sha256's message", 2)
+            return B.hmac_sha256(key, s)
+        end,
+        now = function() return B.now() end,
+        log = function(level, ...)
+            if not levels[level] then
+                error("ricochet.log's level must be debug, info, notice, warn or error", 2)
+            end
+            local parts = { ... }
+            for i = 1, select("#", ...) do parts[i] = tostring(parts[i]) end
+            B.log(level, table.concat(parts, " "))
+        end,
+    }
+
+    -- The verdicts classify may return.
+    api.verdicts = { retry = true, accept = true, fail = true }
+
+    return api
+end

@@ -1,0 +1,87 @@
+-- ricochet/sandbox.lua: how a route script is loaded: its own environment, a narrow require, no bytecode.
+--
+-- The gateway and the test kit (ricochet.testing) both load scripts through this file, so a script sees
+-- the same world offline as in production. Returns prepare(path, ricochet, bundled_dir), which gives the
+-- script's main chunk, ready to run (the caller runs it, bounded, and checks what it returns), or nil and
+-- an error message "path:line: reason".
+local jit = rawget(_G, "jit")
+
+local function copy(t)
+    local c = {}
+    for k, v in pairs(t) do c[k] = v end
+    return c
+end
+
+-- Reads path as Lua source text (never bytecode); returns the chunk with env as its environment.
+local function load_source(path, env)
+    local f, err = io.open(path, "rb")
+    if not f then return nil, ("cannot open %s"):format(err or path) end
+    local src = f:read("*a")
+    f:close()
+    if src:byte(1) == 27 then
+        return nil, path .. ": precompiled bytecode is not loaded, only Lua source"
+    end
+    local chunk, lerr = loadstring(src, "@" .. path)
+    if not chunk then return nil, lerr end
+    setfenv(chunk, env)
+    -- compiled traces never check the instruction-count hook that bounds a hook's run time: script code
+    -- stays in the interpreter, so a loop in it is always stopped (the library it calls is compiled)
+    if jit then jit.off(chunk, true) end
+    return chunk
+end
+
+local safe_string = copy(string)
+safe_string.dump = nil
+
+return function(path, ricochet, bundled_dir)
+    local dir = path:match("^(.*)/[^/]*$") or "."
+    local env = {
+        assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
+        select = select, tonumber = tonumber, tostring = tostring, type = type, unpack = unpack,
+        xpcall = xpcall, setmetatable = setmetatable, rawget = rawget, rawset = rawset,
+        rawequal = rawequal, _VERSION = _VERSION,
+        getmetatable = function(v)
+            if type(v) == "string" then return nil end -- the strings' metatable is everyone's
+            return getmetatable(v)
+        end,
+        string = safe_string, table = copy(table), math = copy(math), bit = copy(require("bit")),
+        os = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime },
+        ricochet = ricochet,
+    }
+    env._G = env
+    local loaded = {
+        cjson = require("cjson"), ["cjson.safe"] = require("cjson.safe"), ricochet = ricochet,
+        string = env.string, table = env.table, math = env.math, bit = env.bit, os = env.os,
+    }
+    local loading = {}
+    env.require = function(name)
+        if type(name) ~= "string" or not name:match("^[%w_]+[%w_.]*$") or name:find("%.%.") then
+            error(("require: invalid module name %q"):format(tostring(name)), 2)
+        end
+        if loaded[name] ~= nil then return loaded[name] end
+        if loading[name] then error(("require: %q requires itself"):format(name), 2) end
+        local rel = name:gsub("%.", "/") .. ".lua"
+        local candidates = { dir .. "/" .. rel }
+        if name:match("^ricochet%.") and bundled_dir then
+            candidates[#candidates + 1] = bundled_dir .. "/" .. rel:gsub("^ricochet/", "")
+        end
+        for _, file in ipairs(candidates) do
+            local f = io.open(file, "rb")
+            if f then
+                f:close()
+                local chunk, err = load_source(file, env)
+                if not chunk then error(err, 2) end
+                loading[name] = true
+                local ok, v = pcall(chunk, name)
+                loading[name] = nil
+                if not ok then error(v, 0) end
+                if v == nil then v = true end
+                loaded[name] = v
+                return v
+            end
+        end
+        error(("require: module %q not found (looked in %s; only the script's directory and the "
+            .. "bundled ricochet.* modules)"):format(name, table.concat(candidates, ", ")), 2)
+    end
+    return load_source(path, env)
+end
