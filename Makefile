@@ -131,6 +131,11 @@ install: all
 	    install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf
 	install -d $(DESTDIR)$(PREFIX)/share/doc/ricochet
 	install -m 644 README.md conf/REFERENCE.md $(DESTDIR)$(PREFIX)/share/doc/ricochet/
+	install -m 644 scripts/README.md $(DESTDIR)$(PREFIX)/share/doc/ricochet/SCRIPTS.md
+	# the route script test kit, where LuaJIT's require looks: require("ricochet.testing")
+	install -d $(DESTDIR)$(PREFIX)/share/lua/5.1/ricochet $(DESTDIR)$(PREFIX)/share/ricochet/examples
+	install -m 644 $(LUA_LIB) scripts/ricochet/testing.lua $(DESTDIR)$(PREFIX)/share/lua/5.1/ricochet/
+	install -m 644 scripts/examples/*.lua $(DESTDIR)$(PREFIX)/share/ricochet/examples/
 
 clean:
 	rm -rf build

@@ -26,7 +26,8 @@ extern const char ric_lua_sandbox[];
 
 static lua_State *L;
 static ric_script_t *scripts;
-static int ref_traceback = LUA_NOREF, ref_prepare = LUA_NOREF, ref_ricochet = LUA_NOREF;
+static int ref_traceback = LUA_NOREF, ref_prepare = LUA_NOREF, ref_check = LUA_NOREF;
+static int ref_ricochet = LUA_NOREF;
 static int ref_req = LUA_NOREF, ref_res = LUA_NOREF, ref_attempt = LUA_NOREF;
 
 ric_request_t *ric_script_request;
@@ -82,9 +83,29 @@ load_bundled(const char *src, const char *name, char *err, size_t errlen)
     return RIC_OK;
 }
 
+/* At exit, in every process that has a copy: Lua libraries (cjson) free
+ * what they hold only when the state closes. */
+static void
+state_close(void)
+{
+    ric_script_t *s, *next;
+
+    if (L != NULL) {
+        lua_close(L);
+        L = NULL;
+    }
+    for (s = scripts; s; s = next) {
+        next = s->next;
+        free(s->path);
+        free(s);
+    }
+    scripts = NULL;
+}
+
 static int
 state_init(char *err, size_t errlen)
 {
+    atexit(state_close);
     L = luaL_newstate();
     if (L == NULL) {
         snprintf(err, errlen, "cannot create the Lua state (out of memory)");
@@ -119,36 +140,32 @@ state_init(char *err, size_t errlen)
     if (load_bundled(ric_lua_sandbox, "=ricochet/sandbox.lua", err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }
+    lua_getfield(L, -1, "prepare");
     ref_prepare = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "check");
+    ref_check = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pop(L, 1);
     return RIC_OK;
 }
 
 /* --- loading ------------------------------------------------------------------ */
 
+/* A hook of the route table on the stack (checked by sandbox.check). */
 static int
-hook_ref(const char *path, const char *name, char *err, size_t errlen, int *ref)
+hook_ref(const char *name)
 {
     lua_getfield(L, -1, name);
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
-        *ref = LUA_NOREF;
-        return RIC_OK;
+        return LUA_NOREF;
     }
-    if (!lua_isfunction(L, -1)) {
-        snprintf(err, errlen, "%s: route.%s must be a function, not a %s", path, name,
-                 luaL_typename(L, -1));
-        lua_pop(L, 1);
-        return RIC_ERROR;
-    }
-    *ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    return RIC_OK;
+    return luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 ric_script_t *
 ric_script_load(const char *path, char *err, size_t errlen)
 {
     ric_script_t *s;
-    const char *key;
     int top;
 
     for (s = scripts; s; s = s->next) {
@@ -175,34 +192,21 @@ ric_script_load(const char *path, char *err, size_t errlen)
         lua_settop(L, top);
         return NULL;
     }
-    if (!lua_istable(L, -1)) {
-        snprintf(err, errlen, "%s: the script must return a table of hooks (on_request, classify, "
-                 "on_log), not a %s", path, luaL_typename(L, -1));
+    /* sandbox.check(path, route) -> route | nil, reason */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_check);
+    lua_pushstring(L, path);
+    lua_pushvalue(L, -3);
+    if (lua_pcall(L, 2, 2, 0) != 0 || lua_isnil(L, -2)) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "not a route");
         lua_settop(L, top);
         return NULL;
     }
-    lua_pushnil(L);
-    while (lua_next(L, -2) != 0) {
-        key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        if (key == NULL || (strcmp(key, "on_request") != 0 && strcmp(key, "classify") != 0
-                            && strcmp(key, "on_log") != 0)) {
-            snprintf(err, errlen, "%s: the table returned has \"%s\", which is no hook (they are "
-                     "on_request, classify and on_log)", path, key ? key : "a non-string key");
-            lua_settop(L, top);
-            return NULL;
-        }
-        lua_pop(L, 1);
-    }
+    lua_pop(L, 2);
     s = ric_xcalloc(1, sizeof(*s));
     s->path = ric_xstrdup(path);
-    if (hook_ref(path, "on_request", err, errlen, &s->ref_on_request) != RIC_OK
-        || hook_ref(path, "classify", err, errlen, &s->ref_classify) != RIC_OK
-        || hook_ref(path, "on_log", err, errlen, &s->ref_on_log) != RIC_OK) {
-        free(s->path);
-        free(s);
-        lua_settop(L, top);
-        return NULL;
-    }
+    s->ref_on_request = hook_ref("on_request");
+    s->ref_classify = hook_ref("classify");
+    s->ref_on_log = hook_ref("on_log");
     lua_settop(L, top);
     s->has_on_log = s->ref_on_log != LUA_NOREF;
     s->next = scripts;

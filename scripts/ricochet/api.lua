@@ -24,7 +24,7 @@ return function(B)
     end
 
     -- req -----------------------------------------------------------------------------------------------------
-    local Req = {}
+    local Req = { __metatable = "ricochet.req" } -- a script cannot swap the methods of the shared object
     Req.__index = Req
 
     function Req:header(name)
@@ -82,7 +82,7 @@ return function(B)
     end
 
     -- res -----------------------------------------------------------------------------------------------------
-    local Res = {}
+    local Res = { __metatable = "ricochet.res" }
     Res.__index = Res
 
     function Res:header(name)

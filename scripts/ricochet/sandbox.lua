@@ -1,9 +1,11 @@
 -- ricochet/sandbox.lua: how a route script is loaded: its own environment, a narrow require, no bytecode.
 --
 -- The gateway and the test kit (ricochet.testing) both load scripts through this file, so a script sees
--- the same world offline as in production. Returns prepare(path, ricochet, bundled_dir), which gives the
--- script's main chunk, ready to run (the caller runs it, bounded, and checks what it returns), or nil and
--- an error message "path:line: reason".
+-- the same world offline as in production. It returns
+--   prepare(path, ricochet, bundled_dir) -> the script's main chunk, ready to run (the caller runs it,
+--                                           bounded), or nil and "path:line: reason";
+--   check(path, route)                   -> route, or nil and a reason: what the chunk returned must be
+--                                           a table of hooks.
 local jit = rawget(_G, "jit")
 
 local function copy(t)
@@ -33,7 +35,26 @@ end
 local safe_string = copy(string)
 safe_string.dump = nil
 
-return function(path, ricochet, bundled_dir)
+local HOOKS = { on_request = true, classify = true, on_log = true }
+
+local function check(path, route)
+    if type(route) ~= "table" then
+        return nil, ("%s: the script must return a table of hooks (on_request, classify, on_log), "
+            .. "not a %s"):format(path, type(route))
+    end
+    for k, v in pairs(route) do
+        if not HOOKS[k] then
+            return nil, ('%s: the table returned has "%s", which is no hook (they are on_request, '
+                .. "classify and on_log)"):format(path, tostring(k))
+        end
+        if type(v) ~= "function" then
+            return nil, ("%s: route.%s must be a function, not a %s"):format(path, k, type(v))
+        end
+    end
+    return route
+end
+
+local function prepare(path, ricochet, bundled_dir)
     local dir = path:match("^(.*)/[^/]*$") or "."
     local env = {
         assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
@@ -85,3 +106,5 @@ return function(path, ricochet, bundled_dir)
     end
     return load_source(path, env)
 end
+
+return { prepare = prepare, check = check }

@@ -28,6 +28,7 @@ function route.on_request(req)
     end
     if req.path == "/throw" then error("on purpose") end
     if req.path == "/loop" then while true do end end
+    if req.path == "/digest" then req:respond(200, {}, ricochet.sha256("abc") .. " " .. ricochet.hmac_sha256("Jefe", "what do ya want for nothing?") .. " " .. ricochet.uuid()) end
 end
 
 function route.classify(res, attempt)
@@ -208,8 +209,16 @@ describe("a route script", function()
         up:program({ default = 200 })
         assert(H.request(gw.port, { path = "/logged" }))
         assert.truthy(H.wait_until(function()
-            return gw:log():find("route.lua:28: on_log /logged 200 1", 1, true)
+            return gw:log():find("route.lua:29: on_log /logged 200 1", 1, true)
         end, 3), ctx(gw))
+    end)
+
+    it("computes digests as the test kit does (OpenSSL), and UUIDs", function()
+        local resp = assert(H.request(gw.port, { path = "/digest" }))
+        local sha, mac, id = resp.body:match("^(%x+) (%x+) (%S+)$")
+        assert.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", sha)
+        assert.equal("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843", mac)
+        assert.truthy(id:match("^%x+%-%x+%-4%x+%-[89ab]%x+%-%x+$"), id)
     end)
 
     it("leaves routes without a script alone", function()
@@ -263,5 +272,77 @@ describe("the script sandbox", function()
 
     it("stops a script whose main chunk never ends", function()
         check("forever.lua", "while true do end\n", "stopped: it ran longer than a hook may")
+    end)
+end)
+
+local EXAMPLES = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    upstream up { server {{UPSTREAM}}; retry_budget off; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        retry_attempts 3;
+        retry_backoff 1ms 2ms;
+        location /pay { script {{ROOT}}/scripts/examples/payments.lua; idempotency_key on; proxy_pass http://up; }
+        location /search { script {{ROOT}}/scripts/examples/search.lua; proxy_pass http://up; }
+        location /limited { script {{ROOT}}/scripts/examples/rate_limited.lua; proxy_pass http://up; }
+    }
+}
+]]
+
+describe("the example scripts, in the gateway", function()
+    local up, gw
+
+    setup(function()
+        up = H.start_upstream()
+        gw = H.start_gateway({ conf = EXAMPLES, upstream = up, vars = { ROOT = H.root } })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    before_each(function() up:reset() end)
+
+    it("payments.lua: one key per order on every attempt; 402 final; 409 accepted", function()
+        up:program({ sequence = { 503 }, default = { status = 200, body = "paid" } })
+        local resp = assert(H.request(gw.port, { method = "POST", path = "/pay",
+            headers = { { "Content-Type", "application/json" } }, body = '{"order_id":"A-17"}' }))
+        assert.equal(200, resp.status, ctx(gw))
+        local hits = up:hits()
+        assert.equal(2, #hits)
+        assert.truthy(hv(hits[1], "Idempotency-Key"):match("^order%-%x+$"))
+        assert.equal(hv(hits[1], "Idempotency-Key"), hv(hits[2], "Idempotency-Key"))
+        up:reset()
+        up:program({ default = 402 })
+        resp = assert(H.request(gw.port, { method = "POST", path = "/pay", body = '{"order_id":"B"}' }))
+        assert.equal(402, resp.status)
+        assert.equal(1, #up:hits())
+        up:reset()
+        up:program({ default = 409 })
+        resp = assert(H.request(gw.port, { method = "POST", path = "/pay", body = '{"order_id":"C"}' }))
+        assert.equal(409, resp.status)
+        assert.equal(1, #up:hits())
+        resp = assert(H.request(gw.port, { method = "POST", path = "/pay", body = '{}' }))
+        assert.equal(400, resp.status)
+        assert.equal(1, #up:hits())
+    end)
+
+    it("search.lua: a POST /search is retried like a GET", function()
+        up:program({ sequence = { 503 }, default = { status = 200, body = "found" } })
+        local resp = assert(H.request(gw.port, { method = "POST", path = "/search", body = "q=shoes" }))
+        assert.equal(200, resp.status)
+        assert.equal(2, #up:hits())
+    end)
+
+    it("rate_limited.lua: a 429 is retried after its Retry-After", function()
+        up:program({ sequence = { { status = 429, headers = { ["Retry-After"] = "1" } } }, default = 200 })
+        local resp = assert(H.request(gw.port, { path = "/limited", timeout = 10 }))
+        assert.equal(200, resp.status, ctx(gw))
+        local hits = up:hits()
+        assert.equal(2, #hits)
+        assert.is_true(hits[2].time - hits[1].time >= 0.9, "waited " .. (hits[2].time - hits[1].time))
     end)
 end)

@@ -1,0 +1,225 @@
+-- ricochet/testing.lua: the offline test kit for route scripts (busted --lua=luajit, or any LuaJIT code).
+--
+--   local kit = require("ricochet.testing")
+--   local route = kit.load("scripts/payments.lua")      -- the gateway's sandbox, the same checks
+--   local req = kit.request{ method = "POST", path = "/pay", headers = { ["Content-Type"] = "application/json" },
+--                            body = '{"order_id":"A-17"}' }
+--   route.on_request(req)
+--   assert.equal("order-A-17", req:idempotency_key())
+--   local res = kit.response{ status = 409 }
+--   assert.equal("accept", route.classify(res, kit.attempt{ number = 1 }))
+--
+-- req, res and attempt are built by ricochet/api.lua, the file the gateway runs, over a binding written in
+-- Lua instead of C; kit.upstream(req) and kit.answer(req) tell what on_request did.
+local sandbox = require("ricochet.sandbox")
+local make_api = require("ricochet.api")
+local bit = require("bit")
+
+local kit = { logs = {} }
+
+-- SHA-256 and HMAC-SHA-256 in Lua (FIPS 180-4, RFC 2104), hex like the gateway's OpenSSL ones --------------
+local band, bor, bxor, bnot, rshift, lshift, ror, tobit =
+    bit.band, bit.bor, bit.bxor, bit.bnot, bit.rshift, bit.lshift, bit.ror, bit.tobit
+local K = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+}
+
+local function sha256_raw(msg)
+    local len = #msg
+    msg = msg .. "\128" .. ("\0"):rep((55 - len) % 64)
+    local bits = len * 8
+    for i = 7, 0, -1 do msg = msg .. string.char(math.floor(bits / 2 ^ (8 * i)) % 256) end
+    local h = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 }
+    local w = {}
+    for chunk = 1, #msg, 64 do
+        for i = 0, 15 do
+            local a, b, c, d = msg:byte(chunk + 4 * i, chunk + 4 * i + 3)
+            w[i] = bor(lshift(a, 24), lshift(b, 16), lshift(c, 8), d)
+        end
+        for i = 16, 63 do
+            local s0 = bxor(ror(w[i - 15], 7), ror(w[i - 15], 18), rshift(w[i - 15], 3))
+            local s1 = bxor(ror(w[i - 2], 17), ror(w[i - 2], 19), rshift(w[i - 2], 10))
+            w[i] = tobit(w[i - 16] + s0 + w[i - 7] + s1)
+        end
+        local a, b, c, d, e, f, g, hh = h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8]
+        for i = 0, 63 do
+            local S1 = bxor(ror(e, 6), ror(e, 11), ror(e, 25))
+            local ch = bxor(band(e, f), band(bnot(e), g))
+            local t1 = tobit(hh + S1 + ch + K[i + 1] + w[i])
+            local S0 = bxor(ror(a, 2), ror(a, 13), ror(a, 22))
+            local maj = bxor(band(a, b), band(a, c), band(b, c))
+            local t2 = tobit(S0 + maj)
+            hh, g, f, e, d, c, b, a = g, f, e, tobit(d + t1), c, b, a, tobit(t1 + t2)
+        end
+        h[1], h[2], h[3], h[4] = tobit(h[1] + a), tobit(h[2] + b), tobit(h[3] + c), tobit(h[4] + d)
+        h[5], h[6], h[7], h[8] = tobit(h[5] + e), tobit(h[6] + f), tobit(h[7] + g), tobit(h[8] + hh)
+    end
+    local out = {}
+    for i = 1, 8 do
+        local v = h[i]
+        out[i] = string.char(band(rshift(v, 24), 255), band(rshift(v, 16), 255), band(rshift(v, 8), 255), band(v, 255))
+    end
+    return table.concat(out)
+end
+
+local function hex(s)
+    return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+function kit.sha256(s) return hex(sha256_raw(s)) end
+
+function kit.hmac_sha256(key, s)
+    if #key > 64 then key = sha256_raw(key) end
+    key = key .. ("\0"):rep(64 - #key)
+    local ipad = key:gsub(".", function(c) return string.char(bxor(c:byte(), 0x36)) end)
+    local opad = key:gsub(".", function(c) return string.char(bxor(c:byte(), 0x5c)) end)
+    return hex(sha256_raw(opad .. sha256_raw(ipad .. s)))
+end
+
+-- the pure-Lua binding --------------------------------------------------------------------------------------
+local RESERVED = { ["content-length"] = true, ["transfer-encoding"] = true, connection = true,
+    ["keep-alive"] = true, upgrade = true, te = true, trailer = true, ["proxy-connection"] = true }
+
+local function lower_map(t)
+    local m = {}
+    for k, v in pairs(t or {}) do m[k:lower()] = tostring(v) end
+    return m
+end
+
+local random_seeded = false
+local function uuid()
+    if not random_seeded then math.randomseed(os.time()); random_seeded = true end
+    local t = {}
+    for i = 1, 16 do t[i] = math.random(0, 255) end
+    t[7] = bor(band(t[7], 0x0f), 0x40)
+    t[9] = bor(band(t[9], 0x3f), 0x80)
+    local h = {}
+    for i = 1, 16 do h[i] = ("%02x"):format(t[i]) end
+    local s = table.concat(h)
+    return s:sub(1, 8) .. "-" .. s:sub(9, 12) .. "-" .. s:sub(13, 16) .. "-" .. s:sub(17, 20) .. "-" .. s:sub(21)
+end
+
+-- One binding per object: st holds what the gateway would hold for that request or response.
+local function binding(st)
+    local B = {}
+    function B.req_header(name)
+        local n = name:lower()
+        if st.edits[n] ~= nil then return st.edits[n] or nil end
+        return st.headers[n]
+    end
+    function B.req_set_header(name, value)
+        if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
+            error(('req:set_header: "%s" is not a valid field name'):format(name), 3)
+        end
+        if RESERVED[name:lower()] then error(("req:set_header: %s is the gateway's to set"):format(name), 3) end
+        if value and value:find("[%z\1-\8\10-\31\127]") then
+            error(("req:set_header: the value of %s has control characters"):format(name), 3)
+        end
+        st.edits[name:lower()] = value or false
+    end
+    function B.req_body() return st.body end
+    function B.req_set_idempotency_key(key)
+        if #key > 255 or key:find("[%z\1-\8\10-\31\127]") then
+            error("req:set_idempotency_key: a key is 1 to 255 printable characters", 3)
+        end
+        st.key = key
+        st.edits[st.key_header:lower()] = key
+    end
+    function B.req_idempotency_key() return st.key or st.headers[st.key_header:lower()] end
+    function B.req_respond(status, list, body)
+        local headers = {}
+        for i = 1, #list, 2 do
+            local n = list[i]:lower()
+            if RESERVED[n] or n == "date" then error(("req:respond: %s is the gateway's to set"):format(list[i]), 3) end
+            headers[list[i]] = list[i + 1]
+        end
+        if #body > 1048576 then error("req:respond: the body is over the 1 MiB a script may send", 3) end
+        st.answer = { status = status, headers = headers, body = body }
+    end
+    function B.res_header(name) return st.headers[name:lower()] end
+    function B.res_retry_after()
+        local v = st.headers["retry-after"]
+        if v and v:match("^%d+$") then return tonumber(v) end
+        return nil
+    end
+    function B.res_body() return st.body end
+    B.uuid = uuid
+    B.sha256 = kit.sha256
+    B.hmac_sha256 = kit.hmac_sha256
+    function B.now()
+        local ok, socket = pcall(require, "socket")
+        return ok and socket.gettime() or os.time()
+    end
+    function B.log(level, msg) kit.logs[#kit.logs + 1] = { level = level, message = msg } end
+    return B
+end
+
+local states = setmetatable({}, { __mode = "k" }) -- object -> its state, for kit.upstream and kit.answer
+
+-- kit.request{ method = "GET", path = "/", query = "", headers = { Name = "value" }, body = nil,
+--              key_header = "Idempotency-Key" } -> req, with the exact API of the gateway's req
+function kit.request(t)
+    t = t or {}
+    local st = { headers = lower_map(t.headers), edits = {}, body = t.body,
+        key_header = t.key_header or "Idempotency-Key" }
+    local api = make_api(binding(st))
+    local req = api.req
+    rawset(req, "method", t.method or "GET")
+    rawset(req, "path", t.path or "/")
+    rawset(req, "query", t.query or "")
+    states[req] = st
+    return req
+end
+
+-- kit.response{ status = 200, headers = { Name = "value" }, body = nil } -> res
+function kit.response(t)
+    t = t or {}
+    local st = { headers = lower_map(t.headers), body = t.body }
+    local res = make_api(binding(st)).res
+    rawset(res, "status", t.status or 200)
+    states[res] = st
+    return res
+end
+
+-- kit.attempt{ number = 1, class = "status", elapsed = 0, remaining = 30, upstream = "127.0.0.1:9000" }
+function kit.attempt(t)
+    t = t or {}
+    return { number = t.number or 1, class = t.class or "status", elapsed = t.elapsed or 0,
+        remaining = t.remaining or 30, upstream = t.upstream or "127.0.0.1:9000" }
+end
+
+-- What on_request did to the fields sent upstream: { name (lowercase) = value }, with the client's fields,
+-- the script's set_header and key (a removed field is absent).
+function kit.upstream(req)
+    local st = assert(states[req], "kit.upstream takes a req made by kit.request")
+    local out = {}
+    for k, v in pairs(st.headers) do out[k] = v end
+    for k, v in pairs(st.edits) do out[k] = v or nil end
+    return out
+end
+
+-- The answer req:respond gave, { status, headers, body }, or nil.
+function kit.answer(req)
+    local st = assert(states[req], "kit.answer takes a req made by kit.request")
+    return st.answer
+end
+
+-- Loads a route script as the gateway does (same sandbox, same checks; no time bound here).
+function kit.load(path)
+    local ricochet = make_api(binding({ headers = {}, edits = {}, key_header = "Idempotency-Key" })).ricochet
+    local chunk, err = sandbox.prepare(path, ricochet)
+    if not chunk then error(err, 2) end
+    local route = chunk()
+    local ok, why = sandbox.check(path, route)
+    if not ok then error(why, 2) end
+    return route
+end
+
+return kit

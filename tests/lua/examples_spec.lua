@@ -1,0 +1,88 @@
+-- The example route scripts (scripts/examples/), each tested offline with the test kit, as a route author would.
+package.path = "scripts/?.lua;" .. package.path
+local kit = require("ricochet.testing")
+
+describe("payments.lua", function()
+    local route = kit.load("scripts/examples/payments.lua")
+
+    it("derives the key from the order id in the body, the same for every attempt", function()
+        local a = kit.request{ method = "POST", path = "/pay", body = '{"order_id":"A-17","amount":5}' }
+        local b = kit.request{ method = "POST", path = "/pay", body = '{"amount":5,"order_id":"A-17"}' }
+        route.on_request(a)
+        route.on_request(b)
+        assert.truthy(a:idempotency_key():match("^order%-%x+$"))
+        assert.equal(a:idempotency_key(), b:idempotency_key())
+        assert.equal(a:idempotency_key(), kit.upstream(a)["idempotency-key"])
+        local c = kit.request{ method = "POST", path = "/pay", body = '{"order_id":"A-18"}' }
+        route.on_request(c)
+        assert.are_not.equal(a:idempotency_key(), c:idempotency_key())
+    end)
+
+    it("refuses a payment with neither an order id nor a key, and keeps a client's key", function()
+        local req = kit.request{ method = "POST", path = "/pay", body = "{}" }
+        route.on_request(req)
+        assert.equal(400, kit.answer(req).status)
+        req = kit.request{ method = "POST", path = "/pay", body = "{}", headers = { ["Idempotency-Key"] = "k1" } }
+        route.on_request(req)
+        assert.is_nil(kit.answer(req))
+        assert.equal("k1", req:idempotency_key())
+    end)
+
+    it("makes 402 final and 409 a success, and leaves the rest to the gateway", function()
+        assert.equal("fail", route.classify(kit.response{ status = 402 }, kit.attempt{}))
+        assert.equal("accept", route.classify(kit.response{ status = 409 }, kit.attempt{}))
+        assert.is_nil(route.classify(kit.response{ status = 503 }, kit.attempt{}))
+        assert.is_nil(route.classify(nil, kit.attempt{ class = "timeout" }))
+    end)
+end)
+
+describe("rate_limited.lua", function()
+    local route = kit.load("scripts/examples/rate_limited.lua")
+
+    it("waits what Retry-After says", function()
+        local verdict, wait = route.classify(kit.response{ status = 429, headers = { ["Retry-After"] = "2" } },
+            kit.attempt{})
+        assert.equal("retry", verdict)
+        assert.equal(2, wait)
+    end)
+
+    it("waits until X-RateLimit-Reset", function()
+        local reset = tostring(math.floor(os.time() + 3))
+        local verdict, wait = route.classify(kit.response{ status = 429, headers = { ["X-RateLimit-Reset"] = reset } },
+            kit.attempt{})
+        assert.equal("retry", verdict)
+        assert.is_true(wait > 0 and wait <= 4, tostring(wait))
+    end)
+
+    it("retries a bare 429 with the backoff and has no opinion on anything else", function()
+        local verdict, wait = route.classify(kit.response{ status = 429 }, kit.attempt{})
+        assert.equal("retry", verdict)
+        assert.is_nil(wait)
+        assert.is_nil(route.classify(kit.response{ status = 200 }, kit.attempt{}))
+    end)
+end)
+
+describe("overloaded.lua", function()
+    local route = kit.load("scripts/examples/overloaded.lua")
+
+    it("retries a 200 whose body says overloaded", function()
+        assert.equal("retry", route.classify(kit.response{ status = 200, body = '{"error":"overloaded"}' },
+            kit.attempt{}))
+        assert.is_nil(route.classify(kit.response{ status = 200, body = '{"items":[]}' }, kit.attempt{}))
+        assert.is_nil(route.classify(kit.response{ status = 200, body = "not json" }, kit.attempt{}))
+        assert.is_nil(route.classify(kit.response{ status = 200 }, kit.attempt{}))
+    end)
+end)
+
+describe("search.lua", function()
+    local route = kit.load("scripts/examples/search.lua")
+
+    it("marks POST /search idempotent and no other POST", function()
+        local req = kit.request{ method = "POST", path = "/search", body = "q=shoes" }
+        route.on_request(req)
+        assert.is_true(req.idempotent)
+        req = kit.request{ method = "POST", path = "/orders" }
+        route.on_request(req)
+        assert.is_nil(req.idempotent)
+    end)
+end)

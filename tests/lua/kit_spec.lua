@@ -1,0 +1,101 @@
+-- The route script test kit (scripts/ricochet/testing.lua): the same api.lua and sandbox the gateway runs, over
+-- a Lua binding. These specs pin the kit's objects to the gateway's documented behaviour.
+package.path = "scripts/?.lua;" .. package.path
+local kit = require("ricochet.testing")
+
+local dir = os.tmpname()
+os.remove(dir)
+assert(os.execute("mkdir -p '" .. dir .. "'"))
+local function write(name, text)
+    local f = assert(io.open(dir .. "/" .. name, "w"))
+    f:write(text)
+    f:close()
+    return dir .. "/" .. name
+end
+
+describe("the test kit", function()
+    teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+    it("builds a req with the gateway's API", function()
+        local req = kit.request{ method = "POST", path = "/pay", query = "a=1",
+            headers = { ["Content-Type"] = "application/json", ["Idempotency-Key"] = "client" },
+            body = '{"order_id":"A-17"}' }
+        assert.equal("POST", req.method)
+        assert.equal("/pay", req.path)
+        assert.equal("a=1", req.query)
+        assert.equal("application/json", req:header("content-type"))
+        assert.equal("A-17", req:json().order_id)
+        assert.equal("client", req:idempotency_key())
+        req:set_idempotency_key("order-A-17")
+        assert.equal("order-A-17", req:idempotency_key())
+        req:set_header("X-Trace", "t1")
+        req:set_header("Content-Type", nil)
+        local up = kit.upstream(req)
+        assert.equal("t1", up["x-trace"])
+        assert.equal("order-A-17", up["idempotency-key"])
+        assert.is_nil(up["content-type"])
+        assert.is_nil(req:header("Content-Type"))
+    end)
+
+    it("refuses what the gateway refuses", function()
+        local req = kit.request{}
+        assert.has_error(function() req:set_header("Content-Length", "3") end,
+            "req:set_header: Content-Length is the gateway's to set")
+        assert.has_error(function() req:set_header("Bad Name", "x") end)
+        assert.has_error(function() req:respond(99) end, "req:respond's status must be a number from 200 to 599")
+        assert.has_error(function() req:set_idempotency_key("") end)
+        assert.is_nil(kit.request{ body = "not json" }:json())
+        assert.is_nil(kit.request{}:body())
+    end)
+
+    it("records req:respond", function()
+        local req = kit.request{}
+        req:respond(418, { ["X-Why"] = "because" }, "tea\n")
+        assert.same({ status = 418, headers = { ["X-Why"] = "because" }, body = "tea\n" }, kit.answer(req))
+    end)
+
+    it("builds res and attempt", function()
+        local res = kit.response{ status = 429, headers = { ["Retry-After"] = "3" }, body = '{"e":1}' }
+        assert.equal(429, res.status)
+        assert.equal(3, res:retry_after())
+        assert.equal("3", res:header("retry-after"))
+        assert.equal(1, res:json().e)
+        local a = kit.attempt{ number = 2, class = "timeout" }
+        assert.equal(2, a.number)
+        assert.equal("timeout", a.class)
+        assert.equal(30, a.remaining)
+    end)
+
+    it("computes SHA-256 and HMAC-SHA-256 as OpenSSL does", function()
+        assert.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", kit.sha256("abc"))
+        assert.equal("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", kit.sha256(""))
+        assert.equal("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+            kit.sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))
+        -- RFC 4231 test case 2
+        assert.equal("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+            kit.hmac_sha256("Jefe", "what do ya want for nothing?"))
+    end)
+
+    it("loads a script with the gateway's sandbox and checks", function()
+        local route = kit.load(write("ok.lua", [[
+local route = {}
+function route.on_request(req)
+    if req.path == "/search" then req.idempotent = true end
+    req:set_idempotency_key(ricochet.sha256(req:header("X-Order") or "none"):sub(1, 8))
+    ricochet.log("info", "seen", req.path)
+end
+function route.classify(res) if res and res.status == 409 then return "accept" end end
+return route
+]]))
+        local req = kit.request{ method = "POST", path = "/search", headers = { ["X-Order"] = "abc" } }
+        route.on_request(req)
+        assert.is_true(req.idempotent)
+        assert.equal("ba7816bf", req:idempotency_key())
+        assert.equal("seen /search", kit.logs[#kit.logs].message)
+        assert.equal("accept", route.classify(kit.response{ status = 409 }, kit.attempt{}))
+        assert.is_nil(route.classify(nil, kit.attempt{ class = "reset" }))
+        assert.has_error(function() kit.load(write("io.lua", "io.open('/etc/passwd')\nreturn {}\n")) end)
+        assert.has_error(function() kit.load(write("typo.lua", "return { on_requets = function() end }\n")) end)
+        assert.has_error(function() kit.load(write("syntax.lua", "local x = = 1\n")) end)
+    end)
+end)
