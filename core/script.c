@@ -229,6 +229,22 @@ set_string(const char *field, ric_str_t v)
     lua_setfield(L, -2, field);
 }
 
+/* "FILE:LINE" of a hook's definition, for what it returned. */
+static const char *
+hook_where(int ref, char *buf, size_t size)
+{
+    lua_Debug ar;
+
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    if (lua_getinfo(L, ">S", &ar) == 0) {
+        snprintf(buf, size, "?");
+    } else {
+        snprintf(buf, size, "%s:%d", ar.source[0] == '@' ? ar.source + 1 : ar.short_src,
+                 ar.linedefined);
+    }
+    return buf;
+}
+
 static void
 log_failure(const ric_script_t *s, const char *hook, const ric_request_t *r)
 {
@@ -243,6 +259,7 @@ ric_script_on_request(ric_request_t *r)
     ric_script_t *s = script_of(r);
     const ric_http_msg_t *m = r->msg;
     ric_str_t target, path, query = ric_null_string;
+    char where[512];
     int top, rc;
 
     if (s == NULL || s->ref_on_request == LUA_NOREF) {
@@ -283,8 +300,9 @@ ric_script_on_request(ric_request_t *r)
         r->script_idempotent = lua_toboolean(L, -1) ? 1 : -1;
     } else if (!lua_isnil(L, -1)) {
         ric_log_error(RIC_LOG_ERR, 0, "route script %s: on_request set req.idempotent to a %s; "
-                      "it takes true or false (ignored), client: %s", s->path,
-                      luaL_typename(L, -1), r->c->peer);
+                      "it takes true or false (ignored), client: %s",
+                      hook_where(s->ref_on_request, where, sizeof(where)), luaL_typename(L, -1),
+                      r->c->peer);
     }
     lua_settop(L, top);
     return ric_script_api_respond(r) ? RIC_DONE : RIC_OK;
@@ -297,6 +315,7 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     ric_script_t *s = script_of(r);
     int64_t now = ric_now_ms();
     const char *verdict;
+    char where[512];
     double delay;
     int top, rc, word = RIC_CLASSIFY_DEFAULT;
 
@@ -347,13 +366,15 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
                 *delay_ms = (int64_t) (delay * 1000.0 + 0.5);
             } else {
                 ric_log_error(RIC_LOG_ERR, 0, "route script %s: classify asked for a delay of %g "
-                              "seconds (ignored: backoff decides), client: %s", s->path, delay,
+                              "seconds (ignored: backoff decides), client: %s",
+                              hook_where(s->ref_classify, where, sizeof(where)), delay,
                               r->c->peer);
             }
         } else if (!lua_isnil(L, -1)) {
             ric_log_error(RIC_LOG_ERR, 0, "route script %s: classify's delay is a %s, not a number "
-                          "of seconds (ignored), client: %s", s->path, luaL_typename(L, -1),
-                          r->c->peer);
+                          "of seconds (ignored), client: %s",
+                          hook_where(s->ref_classify, where, sizeof(where)),
+                          luaL_typename(L, -1), r->c->peer);
         }
     } else if (verdict != NULL && strcmp(verdict, "accept") == 0) {
         word = RIC_CLASSIFY_FINAL;
@@ -364,7 +385,8 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     } else {
         ric_log_error(RIC_LOG_ERR, 0, "route script %s: classify returned %s%s%s; it returns "
                       "\"retry\" [, seconds], \"accept\", \"fail\" or nil (the built-in policy "
-                      "decides), client: %s", s->path, verdict ? "\"" : "a ",
+                      "decides), client: %s", hook_where(s->ref_classify, where, sizeof(where)),
+                      verdict ? "\"" : "a ",
                       verdict ? verdict : luaL_typename(L, -2), verdict ? "\"" : "", r->c->peer);
     }
     lua_settop(L, top);

@@ -201,7 +201,7 @@ describe("a route script", function()
         local resp = assert(H.request(gw.port, { path = "/odd" }))
         assert.equal(418, resp.status)
         assert.truthy(H.wait_until(function()
-            return gw:log():find('classify returned "sideways"', 1, true)
+            return gw:log():find("route.lua:19: classify returned \"sideways\"", 1, true)
         end, 3), ctx(gw))
     end)
 
