@@ -12,7 +12,10 @@
 # proxy's CPU cost per request decides; it did not reduce the spread here),
 # RICOCHET_BIN (build/ricochet), BENCH_KEEP=1 (keep the temp dir and its logs),
 # RICOCHET_BASELINE=PATH (a second ricochet build, "ricochet0", in the same
-# interleaved rounds: an A/B of two builds in one run).
+# interleaved rounds: an A/B of two builds in one run), BENCH_SCRIPTS (1; 0
+# skips the route-script rows: at 1k only, "ricochet+script" is ricochet's
+# config plus a route script and "nginx+lua" nginx's plus lua-nginx-module
+# blocks doing the same work; every run then sends X-Request-Id: abc).
 # POSIX sh: it runs under dash.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -26,9 +29,27 @@ STRACE=${BENCH_STRACE:-0}
 STRACE_DURATION=${BENCH_STRACE_DURATION:-3}
 PIN=${BENCH_PIN:-0}
 BASELINE=${RICOCHET_BASELINE:-}
+SCRIPTS=${BENCH_SCRIPTS:-1}
 PROXIES="nginx haproxy ricochet"
 [ -n "$BASELINE" ] && PROXIES="$PROXIES ricochet0"
 SIZES="1k 64k"
+# The script rows run at 1k only, each next to the row it adds to.
+SCRIPT_SIZE=1k
+SCRIPT_PROXIES="nginx nginx+lua haproxy ricochet ricochet+script"
+[ -n "$BASELINE" ] && SCRIPT_PROXIES="$SCRIPT_PROXIES ricochet0"
+# Sent by every wrk run and every check when the script rows are on, so a
+# script row differs from its plain row by the script alone.
+HEADER="X-Request-Id: abc"
+# Debian's lua-nginx-module (libnginx-mod-http-lua) and the NDK it needs first
+NGX_NDK=/usr/lib/nginx/modules/ndk_http_module.so
+NGX_LUA=/usr/lib/nginx/modules/ngx_http_lua_module.so
+ALL=$PROXIES
+[ "$SCRIPTS" = 1 ] && ALL=$SCRIPT_PROXIES
+
+# The proxies run at a size.
+proxies_at() { # size
+    if [ "$SCRIPTS" = 1 ] && [ "$1" = "$SCRIPT_SIZE" ]; then echo "$SCRIPT_PROXIES"; else echo "$PROXIES"; fi
+}
 
 # die, need_tools, bench_tmpdir, free_ports, wait_port
 . contrib/bench/lib.sh
@@ -36,6 +57,10 @@ SIZES="1k 64k"
 need_tools wrk nginx haproxy luajit curl awk
 [ -x "$BIN" ] || die "$BIN is missing: run make first"
 [ -z "$BASELINE" ] || [ -x "$BASELINE" ] || die "RICOCHET_BASELINE=$BASELINE is not an executable"
+if [ "$SCRIPTS" = 1 ]; then
+    { [ -f "$NGX_NDK" ] && [ -f "$NGX_LUA" ]; } ||
+        die "$NGX_LUA or $NGX_NDK is missing (contrib/deps.sh bench installs libnginx-mod-http-lua; BENCH_SCRIPTS=0 skips the script rows)"
+fi
 SRV_PIN="" WRK_PIN=""
 if [ "$PIN" = 1 ]; then
     command -v taskset >/dev/null 2>&1 || die "BENCH_PIN=1 needs taskset (util-linux)"
@@ -44,11 +69,11 @@ fi
 
 bench_tmpdir
 
-# Five distinct free ports: all bound at once, then released.
+# Seven distinct free ports: all bound at once, then released.
 # shellcheck disable=SC2046
-set -- $(free_ports 5) || die "cannot pick free ports (luajit with lua-socket is needed)"
-[ $# -eq 5 ] || die "cannot pick free ports"
-uport=$1 nport=$2 hport=$3 rport=$4 bport=$5
+set -- $(free_ports 7) || die "cannot pick free ports (luajit with lua-socket is needed)"
+[ $# -eq 7 ] || die "cannot pick free ports"
+uport=$1 nport=$2 hport=$3 rport=$4 bport=$5 nlport=$6 rsport=$7
 
 port_of() {
     case "$1" in
@@ -57,6 +82,8 @@ port_of() {
     haproxy) echo "$hport" ;;
     ricochet) echo "$rport" ;;
     ricochet0) echo "$bport" ;;
+    nginx+lua) echo "$nlport" ;;
+    ricochet+script) echo "$rsport" ;;
     esac
 }
 
@@ -96,6 +123,8 @@ http {
         root $dir/www;
         location = /1k { }
         location = /64k { }
+        # the checks: the idempotency key the proxy sent, echoed back
+        location = /key { add_header X-Seen-Key "\$http_idempotency_key"; return 200 "key\\n"; }
         location / { return 404; }
     }
 }
@@ -127,6 +156,28 @@ CONF
 $SRV_PIN nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
 pids="$pids $!"
 npid=$!
+
+# --- proxy 1+lua: the same nginx, plus lua-nginx-module doing the script's work
+if [ "$SCRIPTS" = 1 ]; then
+    mkdir -p "$dir/nginx+lua/logs"
+    { echo "load_module $NGX_NDK;"; echo "load_module $NGX_LUA;"; } > "$dir/nginx+lua/nginx.conf"
+    # on_request: the header read, the key set; classify: the status compared
+    sed -e "s|$dir/nginx/|$dir/nginx+lua/|g" -e "s/127.0.0.1:$nport;/127.0.0.1:$nlport;/" \
+        -e '/proxy_pass http:\/\/backend;/i\
+            access_by_lua_block {\
+                local id = ngx.var.http_x_request_id or "none"\
+                ngx.req.set_header("Idempotency-Key", "k-" .. id)\
+            }\
+            header_filter_by_lua_block {\
+                if ngx.status == 503 then ngx.ctx.retry = true end\
+            }' "$dir/nginx/nginx.conf" >> "$dir/nginx+lua/nginx.conf"
+    # the lua module needs lua-resty-core and will not start without it: check first
+    nginx -t -p "$dir/nginx+lua" -c "$dir/nginx+lua/nginx.conf" > "$dir/nginx+lua.t" 2>&1 ||
+        die "nginx+lua: nginx -t failed (lua-resty-core is needed): $(cat "$dir/nginx+lua.t")"
+    $SRV_PIN nginx -p "$dir/nginx+lua" -c "$dir/nginx+lua/nginx.conf" 2> "$dir/nginx+lua.err" &
+    pids="$pids $!"
+    nlpid=$!
+fi
 
 # --- proxy 2: HAProxy, one thread, server connections reused -----------------
 cat > "$dir/haproxy.cfg" <<CONF
@@ -172,11 +223,38 @@ if [ -n "$BASELINE" ]; then
     bpid=$!
 fi
 
+# --- proxy 3+script: the same ricochet, plus a route script in the location ---
+if [ "$SCRIPTS" = 1 ]; then
+    mkdir -p "$dir/script"
+    cat > "$dir/script/route.lua" <<'LUA'
+local route = {}
+function route.on_request(req)
+    local id = req:header("X-Request-Id") or "none"
+    req:set_idempotency_key("k-" .. id)
+end
+function route.classify(res, attempt)
+    if res and res.status == 503 then return "retry" end
+end
+return route
+LUA
+    sed -e "s/127.0.0.1:$rport;/127.0.0.1:$rsport;/" \
+        -e 's|location / { proxy_pass|location / { script route.lua; proxy_pass|' \
+        "$dir/ricochet.conf" > "$dir/script/ricochet.conf"
+    grep -q 'script route.lua;' "$dir/script/ricochet.conf" || die "cannot add the script to ricochet's config"
+    $SRV_PIN "$BIN" -p "$dir/script" -c "$dir/script/ricochet.conf" 2> "$dir/ricochet+script.err" &
+    pids="$pids $!"
+    rspid=$!
+fi
+
 wait_port upstream "$uport" "$upid"
 wait_port nginx "$nport" "$npid"
 wait_port haproxy "$hport" "$hpid"
 wait_port ricochet "$rport" "$rpid"
 [ -z "$BASELINE" ] || wait_port ricochet0 "$bport" "$bpid"
+if [ "$SCRIPTS" = 1 ]; then
+    wait_port nginx+lua "$nlport" "$nlpid"
+    wait_port ricochet+script "$rsport" "$rspid"
+fi
 
 # The process doing the proxying: the single worker of nginx and ricochet,
 # HAProxy's only process.
@@ -186,15 +264,22 @@ worker_of() {
     haproxy) echo "$hpid" ;;
     ricochet) pgrep -P "$rpid" | head -n 1 ;;
     ricochet0) pgrep -P "$bpid" | head -n 1 ;;
+    nginx+lua) pgrep -P "$nlpid" | head -n 1 ;;
+    ricochet+script) pgrep -P "$rspid" | head -n 1 ;;
     esac
 }
 
+# curl with the benchmark's request header (when the script rows are on)
+hcurl() {
+    if [ "$SCRIPTS" = 1 ]; then curl -H "$HEADER" "$@"; else curl "$@"; fi
+}
+
 # --- sanity: one request per proxy and size: 200 and the exact body length ---
-for name in upstream $PROXIES; do
-    for size in $SIZES; do
+for size in $SIZES; do
+    for name in upstream $(proxies_at "$size"); do
         url="http://127.0.0.1:$(port_of "$name")/$size"
         want=$(bytes_of "$size")
-        got=$(curl -sS -m 5 -o "$dir/body" -w '%{http_code} %{size_download}' "$url" 2> "$dir/curl.err") ||
+        got=$(hcurl -sS -m 5 -o "$dir/body" -w '%{http_code} %{size_download}' "$url" 2> "$dir/curl.err") ||
             got="curl failed: $(cat "$dir/curl.err")"
         if [ "$got" != "200 $want" ] || ! cmp -s "$dir/body" "$dir/www/$size"; then
             echo "bench: sanity check failed: curl $url" >&2
@@ -206,8 +291,29 @@ for name in upstream $PROXIES; do
     done
 done
 
+# --- sanity: the key reaches the upstream through both script rows ----------
+# (the upstream echoes the Idempotency-Key it got in X-Seen-Key; "-": none),
+# and only through them
+if [ "$SCRIPTS" = 1 ]; then
+    for name in nginx nginx+lua ricochet ricochet+script; do
+        case "$name" in *+*) want="200 k-abc" ;; *) want="200 -" ;; esac
+        url="http://127.0.0.1:$(port_of "$name")/key"
+        got=$(hcurl -sS -m 5 -D - -o /dev/null "$url" 2> "$dir/curl.err" | tr -d '\r' |
+            awk 'BEGIN { k = "-" } NR == 1 { s = $2 } tolower($1) == "x-seen-key:" { k = $2 } END { print s, k }') ||
+            got="curl failed: $(cat "$dir/curl.err")"
+        if [ "$got" != "$want" ]; then
+            echo "bench: sanity check failed: curl -H '$HEADER' $url" >&2
+            echo "bench:   wanted \"$want\" (status, the X-Seen-Key echoed by the upstream), got \"$got\"" >&2
+            [ -s "$dir/$name.err" ] && { echo "bench: $name's stderr:" >&2; cat "$dir/$name.err" >&2; }
+            [ -f "$dir/$name/logs/error.log" ] && { echo "bench: $name's error log:" >&2; cat "$dir/$name/logs/error.log" >&2; }
+            exit 1
+        fi
+        case "$name" in *+*) echo "check: $name sends the upstream Idempotency-Key: k-abc" ;; esac
+    done
+fi
+
 workers=""
-for name in $PROXIES; do
+for name in $ALL; do
     w=$(worker_of "$name")
     [ -n "$w" ] || die "no worker process found for $name"
     workers="$workers $name=$w"
@@ -232,10 +338,22 @@ check_alive() { # name
 # wrk prints "Requests/sec: N", with --latency "99% X{us,ms,s}", and on
 # trouble "Non-2xx or 3xx responses: N" and "Socket errors: connect N, ...".
 # -> "rps p99_ms errors" in $dir/last (not via $(...): a failure must end the script)
+# wrk_run NAME SIZE SECONDS: runs wrk into $dir/wrk.out; $cmd is its command line
+wrk_run() {
+    url="http://127.0.0.1:$(port_of "$1")/$2"
+    cmd="wrk -t$THREADS -c$CONNS -d${3}s --latency"
+    set -- "-t$THREADS" "-c$CONNS" "-d${3}s" --latency
+    if [ "$SCRIPTS" = 1 ]; then
+        set -- "$@" -H "$HEADER"
+        cmd="$cmd -H \"$HEADER\""
+    fi
+    cmd="$cmd $url"
+    # shellcheck disable=SC2086 # the pinning prefix splits on purpose
+    $WRK_PIN wrk "$@" "$url" > "$dir/wrk.out" 2>&1
+}
+
 run_wrk() { # name size seconds
-    cmd="wrk -t$THREADS -c$CONNS -d${3}s --latency http://127.0.0.1:$(port_of "$1")/$2"
-    # shellcheck disable=SC2086 # the command and the pinning prefix split on purpose
-    $WRK_PIN $cmd > "$dir/wrk.out" 2>&1 || die "$cmd failed: $(cat "$dir/wrk.out")"
+    wrk_run "$@" || die "$cmd failed: $(cat "$dir/wrk.out")"
     check_alive "$1" "$cmd"
     awk '
     /Requests\/sec/ { rps = $2 }
@@ -253,32 +371,37 @@ run_wrk() { # name size seconds
 
 echo "upstream: nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, static /1k (1024 B) and /64k (65536 B)"
 echo "proxies: nginx proxy_pass, $(haproxy -v | awk 'NR == 1 {print "HAProxy " $3}'), ricochet $("$BIN" -v 2>&1 | awk 'NR == 1 {print $NF}'); one worker each"
-echo "each run: wrk -t$THREADS -c$CONNS -d${DURATION}s --latency http://127.0.0.1:PORT/{1k,64k}"
-if [ "$PIN" = 1 ]; then
-    echo "$ROUNDS interleaved rounds ($PROXIES); wrk pinned to CPU 0, upstream and proxies to CPU 1"
+if [ "$SCRIPTS" = 1 ]; then
+    echo "each run: wrk -t$THREADS -c$CONNS -d${DURATION}s --latency -H '$HEADER' http://127.0.0.1:PORT/{1k,64k}"
+    echo "at $SCRIPT_SIZE also nginx+lua (lua-nginx-module $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null | sed 's/^[0-9]*://; s/-[^-]*$//')) and ricochet+script: the same configs plus the same work in Lua"
 else
-    echo "$ROUNDS interleaved rounds ($PROXIES), $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
+    echo "each run: wrk -t$THREADS -c$CONNS -d${DURATION}s --latency http://127.0.0.1:PORT/{1k,64k}"
+fi
+if [ "$PIN" = 1 ]; then
+    echo "$ROUNDS interleaved rounds ($ALL); wrk pinned to CPU 0, upstream and proxies to CPU 1"
+else
+    echo "$ROUNDS interleaved rounds ($ALL), $(nproc 2>/dev/null || echo '?') CPUs shared by wrk, proxy and upstream"
 fi
 echo
 
 if [ "$WARMUP" != 0 ]; then
     for size in $SIZES; do
-        for name in $PROXIES; do
+        for name in $(proxies_at "$size"); do
             run_wrk "$name" "$size" "$WARMUP"
         done
     done
 fi
 
 : > "$dir/results"
-printf '%-6s %-5s %-9s %12s %10s %7s\n' round size proxy 'requests/s' 'p99 ms' errors
+printf '%-6s %-5s %-15s %12s %10s %7s\n' round size proxy 'requests/s' 'p99 ms' errors
 round=1
 while [ $round -le "$ROUNDS" ]; do
     for size in $SIZES; do
-        for name in $PROXIES; do
+        for name in $(proxies_at "$size"); do
             run_wrk "$name" "$size" "$DURATION"
             read -r rps p99 errs < "$dir/last"
-            printf '%-6s %-5s %-9s %12s %10s %7s\n' "$round" "$size" "$name" "$rps" "$p99" "$errs"
-            echo "$size $name $rps $p99 $errs" >> "$dir/results"
+            printf '%-6s %-5s %-15s %12s %10s %7s\n' "$round" "$size" "$name" "$rps" "$p99" "$errs"
+            echo "$size $name $rps $p99 $errs $round" >> "$dir/results"
         done
     done
     round=$((round + 1))
@@ -286,8 +409,16 @@ done
 
 echo
 echo "summary: requests/s mean over $ROUNDS rounds, p99 median over rounds, ratio = requests/s / nginx's"
-awk -v sizes="$SIZES" -v proxies="$PROXIES" '
-{ k = $1 " " $2; n[k]++; sum[k] += $3; p[k, n[k]] = $4; err[k] += $5 }
+awk -v sizes="$SIZES" -v proxies="$ALL" -v scripts="$SCRIPTS" -v ssize="$SCRIPT_SIZE" '
+{ k = $1 " " $2; n[k]++; sum[k] += $3; p[k, n[k]] = $4; err[k] += $5; r[k, $6] = $3; if ($6 > rounds) rounds = $6 }
+# the mean requests/s of a script row over its plain row, and the same per round
+function ratio(a, b,    ka, kb, i, line) {
+    ka = ssize " " a; kb = ssize " " b
+    if (!n[ka] || !n[kb]) return
+    line = ""
+    for (i = 1; i <= rounds; i++) if ((ka, i) in r && (kb, i) in r) line = line sprintf(" %.3f", r[ka, i] / r[kb, i])
+    printf "%s %-26s %6.3f   (by round:%s)\n", ssize, a " / " b, (sum[ka] / n[ka]) / (sum[kb] / n[kb]), line
+}
 function median(k,    i, j, t, a, m) {
     m = n[k]
     for (i = 1; i <= m; i++) a[i] = p[k, i]
@@ -295,20 +426,27 @@ function median(k,    i, j, t, a, m) {
     return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
 }
 END {
-    printf "%-9s %-9s %12s %10s %9s %7s\n", "scenario", "proxy", "requests/s", "p99 ms", "vs nginx", "errors"
+    printf "%-9s %-15s %12s %10s %9s %7s\n", "scenario", "proxy", "requests/s", "p99 ms", "vs nginx", "errors"
     ns = split(sizes, S, " "); np = split(proxies, P, " ")
     for (i = 1; i <= ns; i++) {
         base = sum[S[i] " nginx"] / n[S[i] " nginx"]
         for (j = 1; j <= np; j++) {
             k = S[i] " " P[j]
+            if (!n[k]) continue
             mean = sum[k] / n[k]
-            printf "%-9s %-9s %12.0f %10.2f %9.2f %7d\n", S[i], P[j], mean, median(k), mean / base, err[k]
+            printf "%-9s %-15s %12.0f %10.2f %9.2f %7d\n", S[i], P[j], mean, median(k), mean / base, err[k]
         }
+    }
+    if (scripts == 1) {
+        print ""
+        print "the cost of the same work in Lua: mean requests/s with it / without it"
+        ratio("ricochet+script", "ricochet")
+        ratio("nginx+lua", "nginx")
     }
 }' "$dir/results"
 
-for name in $PROXIES; do check_alive "$name" "the last run"; done
-for name in $PROXIES; do
+for name in $ALL; do check_alive "$name" "the last run"; done
+for name in $ALL; do
     for log in "$dir/$name.err" "$dir/$name/logs/error.log"; do
         [ -s "$log" ] || continue
         echo
@@ -323,14 +461,12 @@ if [ "$STRACE" = 1 ]; then
     echo
     echo "system calls per request: strace -c -f -p WORKER during wrk -t$THREADS -c$CONNS -d${STRACE_DURATION}s (slowed by strace)"
     for size in $SIZES; do
-        for name in $PROXIES; do
+        for name in $(proxies_at "$size"); do
             w=$(worker_of "$name")
             strace -c -f -p "$w" -o "$dir/strace.out" 2> "$dir/strace.err" &
             spid=$!
             sleep 0.5
-            cmd="wrk -t$THREADS -c$CONNS -d${STRACE_DURATION}s --latency http://127.0.0.1:$(port_of "$name")/$size"
-            # shellcheck disable=SC2086
-            $WRK_PIN $cmd > "$dir/wrk.out" 2>&1 || true
+            wrk_run "$name" "$size" "$STRACE_DURATION" || true
             kill -INT "$spid" 2>/dev/null || true
             wait "$spid" || true
             check_alive "$name" "$cmd under strace"
@@ -351,7 +487,7 @@ if [ "$STRACE" = 1 ]; then
                     line = line ","
                 }
                 sub(/,$/, "", line)
-                printf "%-4s %-9s %7d requests %5.2f calls/request:%s\n", size, name, reqs, total / reqs, line
+                printf "%-4s %-15s %7d requests %5.2f calls/request:%s\n", size, name, reqs, total / reqs, line
             }' "$dir/strace.out"
         done
     done
