@@ -89,8 +89,17 @@ on_drained(ric_http1_t *h, int whole)
     drain_over(h->data, whole);
 }
 
+static void
+on_peeked(ric_http1_t *h, int whole)
+{
+    ric_attempt_t *u = h->data;
+
+    u->peeked = whole ? 1 : -1;
+    attempt_done(u, RIC_CLASS_STATUS, 0, NULL);
+}
+
 static const ric_http1_handler_t handler = {
-    on_failed, on_head, on_sent, on_upload_room, on_body, on_body_failed, on_drained
+    on_failed, on_head, on_sent, on_upload_room, on_body, on_body_failed, on_drained, on_peeked
 };
 
 /* --- setting up ------------------------------------------------------------ */
@@ -521,6 +530,20 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     int status = class == RIC_CLASS_STATUS ? h->resp.status : 0, failed, rc;
     ric_str_t ra;
 
+    /* a route script that classifies by the body gets it first, when it is
+     * small (classify_body_max); the per-try timer still runs meanwhile */
+    if (class == RIC_CLASS_STATUS && u->peeked == 0 && r->settings->classify_body_max > 0
+        && h->resp.body != RIC_BODY_NONE && ric_script_classifies(r)) {
+        rc = ric_http1_peek(h, (size_t) r->settings->classify_body_max);
+        if (rc == RIC_AGAIN) {
+            return; /* on_peeked, or on_failed, comes back here */
+        }
+        if (rc == RIC_ERROR) {
+            attempt_done(u, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
+            return;
+        }
+        u->peeked = rc == 1 ? 1 : -1;
+    }
     event_del(&u->try_timer);
     if (class != RIC_CLASS_STATUS) {
         ric_log_error(RIC_LOG_ERR, err, "%s while %s, client: %s, upstream: %s, attempt: %d",

@@ -58,6 +58,7 @@ typedef struct {
     int64_t retry_body_max;
     int64_t idempotency_key;            /* RIC_IDEMPOTENCY_* */
     int64_t underscores_in_headers;     /* 1: forward names with '_' */
+    int64_t classify_body_max;          /* response body read for a script's classify */
 } ric_http_settings_t;
 
 #define RIC_IDEMPOTENCY_OFF 0

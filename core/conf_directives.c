@@ -777,6 +777,18 @@ set_body_temp_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return dup;
 }
 
+/* classify_body_max SIZE: at most what the upstream client's buffer holds. */
+static const char *
+set_classify_body_max(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *reason = set_size(cf, cmd, conf);
+
+    if (reason == NULL && ((ric_http_settings_t *) conf)->classify_body_max > 32 * 1024) {
+        return ric_conf_reason(cf, "\"%s\" is at most 32k", cmd->name);
+    }
+    return reason;
+}
+
 /* script FILE: loaded now, so a script that does not load stops the
  * config (and `ricochet -t` says where, in the script). */
 static const char *
@@ -1126,6 +1138,9 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "request body bytes kept in memory; the rest goes to a temp file" },
     { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_body_temp_path,
       REFS(body_temp_path), "/tmp", "directory for request bodies larger than the buffer" },
+    { "classify_body_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_classify_body_max,
+      SETTINGS(classify_body_max), "0",
+      "response bodies up to this size are read for the script's classify (res:body())" },
     { "script", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_script, REFS(script), NULL,
       "FILE: the route script (Lua) whose hooks classify, mark idempotent and attach keys" },
     { "proxy_pass", RIC_CONF_LOC, RIC_CONF_TAKE1, set_proxy_pass, RIC_CONF_NO_OFFSET, NULL,

@@ -471,6 +471,90 @@ read_drain(ric_http1_t *h)
     h->handler->drained(h, 0);
 }
 
+/* --- a small body read before the decision (a script classifies it) ------- */
+
+static int
+peek_too_big(const ric_http1_t *h)
+{
+    if (h->resp.body == RIC_BODY_LENGTH && h->resp.content_length > h->peek_max) {
+        return 1;
+    }
+    /* the bytes read (chunk framing included): a chunked body near the limit
+     * may be judged by its head although its data would fit */
+    return h->buf_len - h->resp.head_len > h->peek_max
+           || (!h->done && h->buf_len == RIC_HTTP1_BUF_SIZE);
+}
+
+int
+ric_http1_peek(ric_http1_t *h, size_t max)
+{
+    h->peek_max = ric_min(max, RIC_HTTP1_BUF_SIZE - h->resp.head_len);
+    if (scan_from_head(h, 0) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    if (peek_too_big(h)) {
+        return 0; /* even when it is all here already: the rule is the size */
+    }
+    if (h->done) {
+        return 1;
+    }
+    if (h->uc == NULL) {
+        return 0;
+    }
+    h->state = RIC_HTTP1_PEEK;
+    return RIC_AGAIN;
+}
+
+static void
+read_peek(ric_http1_t *h)
+{
+    size_t from = h->buf_len;
+    ssize_t n;
+
+    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    if (n == RIC_AGAIN) {
+        return;
+    }
+    if (n == 0 && h->resp.body == RIC_BODY_CLOSE) {
+        h->done = 1;
+        h->reusable = 0;
+        h->handler->peeked(h, 1);
+        return;
+    }
+    if (n == 0 || n == RIC_ERROR) {
+        h->handler->failed(h, RIC_CLASS_RESET, n == 0 ? 0 : errno,
+                           "upstream closed the connection before the end of the body");
+        return;
+    }
+    h->buf_len += (size_t) n;
+    if (scan_body(h, from) != RIC_OK) {
+        h->handler->failed(h, RIC_CLASS_BAD_RESPONSE, 0, "upstream sent an invalid chunked body");
+        return;
+    }
+    if (peek_too_big(h)) {
+        h->handler->peeked(h, 0);
+    } else if (h->done) {
+        h->handler->peeked(h, 1);
+    }
+}
+
+void
+ric_http1_peeked_body(const ric_http1_t *h, ric_buf_t *out)
+{
+    ric_http_chunked_t c;
+    const u_char *p = h->buf + h->resp.head_len, *end = h->buf + h->buf_len, *data;
+    size_t dlen;
+
+    if (h->resp.body != RIC_BODY_CHUNKED) {
+        ric_buf_put(out, p, (size_t) (h->relay_end - h->resp.head_len));
+        return;
+    }
+    ric_http_chunked_init(&c);
+    while (ric_http_chunked_next(&c, &p, end, &data, &dlen) == RIC_OK) {
+        ric_buf_put(out, data, dlen);
+    }
+}
+
 void
 ric_http1_free(ric_http1_t *h)
 {
@@ -495,6 +579,10 @@ on_read(ric_upconn_t *uc, short what)
             return;
         }
         read_drain(h);
+        return;
+    }
+    if (h->state == RIC_HTTP1_PEEK && !(what & EV_TIMEOUT)) {
+        read_peek(h);
         return;
     }
     if (what & EV_TIMEOUT) {

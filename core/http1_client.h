@@ -17,7 +17,8 @@ typedef enum {
     RIC_HTTP1_SENDING,  /* the request is going up (an answer may already come) */
     RIC_HTTP1_HEAD,     /* waiting for the response head */
     RIC_HTTP1_BODY,     /* the body is being read for the caller to relay */
-    RIC_HTTP1_DRAIN     /* reading the rest of a response the caller dropped */
+    RIC_HTTP1_DRAIN,    /* reading the rest of a response the caller dropped */
+    RIC_HTTP1_PEEK      /* reading a small body into buf before the caller decides */
 } ric_http1_state_t;
 
 /* What the client tells its user. The client knows nothing of retries:
@@ -42,6 +43,9 @@ typedef struct {
     /* DRAIN: the dropped response arrived whole (1), or was given up (0,
      * and the connection is closed) */
     void (*drained)(ric_http1_t *h, int whole);
+    /* PEEK: the body is in buf whole (1), or is larger than asked (0);
+     * a body that breaks off comes as failed() */
+    void (*peeked)(ric_http1_t *h, int whole);
 } ric_http1_handler_t;
 
 struct ric_http1_s {
@@ -76,6 +80,7 @@ struct ric_http1_s {
     int reusable;       /* the connection may carry another request */
     int reading_paused;
     int early_answer;   /* answered before taking the whole request */
+    size_t peek_max;    /* PEEK: body bytes wanted at most */
 };
 
 /* Prepares h; nothing is allocated or connected yet. */
@@ -99,6 +104,16 @@ void ric_http1_upload_kick(ric_http1_t *h);
  * scanned at once. RIC_OK, or RIC_ERROR when its framing is broken
  * (nothing was relayed: the caller can still answer cleanly). */
 int ric_http1_read_body(ric_http1_t *h, int dechunk);
+
+/* After the head, before deciding: read the body into the buffer when it
+ * is at most max bytes (and fits the buffer). 1: it is there whole; 0: it
+ * is larger (nothing more is read); RIC_AGAIN: reading, the peeked
+ * callback (or failed) tells; RIC_ERROR: its framing is broken. Either
+ * way ric_http1_read_body or ric_http1_drop then go on as after a head. */
+int ric_http1_peek(ric_http1_t *h, size_t max);
+
+/* The whole body read by ric_http1_peek, decoded (chunks joined), into out. */
+void ric_http1_peeked_body(const ric_http1_t *h, ric_buf_t *out);
 
 /* The caller relayed n bytes from relay_start; when it took everything the
  * buffer is reused and reading resumes. */

@@ -309,6 +309,14 @@ ric_script_on_request(ric_request_t *r)
 }
 
 int
+ric_script_classifies(const ric_request_t *r)
+{
+    const ric_script_t *s = script_of(r);
+
+    return s != NULL && s->ref_classify != LUA_NOREF;
+}
+
+int
 ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t *delay_ms,
                     int *failed)
 {

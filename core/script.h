@@ -40,6 +40,9 @@ int ric_script_on_request(ric_request_t *r);
 int ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t *delay_ms,
                         int *failed);
 
+/* Whether the route has a script with classify. */
+int ric_script_classifies(const ric_request_t *r);
+
 /* The script's on_log, as a request cleanup (registered when has_on_log). */
 void ric_script_log_cleanup(void *data);
 

@@ -317,8 +317,16 @@ res_retry_after(lua_State *L)
 static int
 res_body(lua_State *L)
 {
-    (void) current_attempt(L);
-    lua_pushnil(L); /* classify_body_max is not built yet: classified by head only */
+    ric_attempt_t *u = current_attempt(L);
+    ric_buf_t b = { NULL, 0, 0 };
+
+    if (u->peeked != 1) {
+        lua_pushnil(L); /* no classify_body_max, or larger than it: by head only */
+        return 1;
+    }
+    ric_http1_peeked_body(&u->client, &b);
+    lua_pushlstring(L, b.data ? (const char *) b.data : "", b.len);
+    ric_buf_free(&b);
     return 1;
 }
 

@@ -1,7 +1,6 @@
 -- overloaded.lua: an API that says it is overloaded in the body of a 200, {"error":"overloaded"}. Such a
--- response is retried; any other 200 is final. It reads the body, so the location needs
--- `classify_body_max` (see scripts/README.md, "Not yet": until then the gateway classifies by head only and
--- res:json() is nil there, so this script has no effect in the gateway; its spec runs with the test kit).
+-- response is retried; any other 200 is final. It reads the body, so its location needs
+-- `classify_body_max 1k;` (larger bodies are classified by their head: final).
 local route = {}
 
 function route.classify(res, attempt)

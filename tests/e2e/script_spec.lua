@@ -34,6 +34,8 @@ end
 function route.classify(res, attempt)
     if res == nil then return nil end
     if res.status == 200 and res:header("X-Error") == "overloaded" then return "retry" end
+    local body = res:json()
+    if res.status == 200 and type(body) == "table" and body.error == "overloaded" then return "retry" end
     if res.status == 409 then return "accept" end
     if res.status == 402 then return "fail" end
     if res.status == 503 and attempt.number == 1 and res:header("X-Later") then return "retry", 0.2 end
@@ -59,6 +61,7 @@ http {
         location / {
             script {{SCRIPT}};
             idempotency_key on;
+            classify_body_max 4k;
             proxy_pass http://up;
         }
         location /plain/ {
@@ -100,6 +103,29 @@ describe("a route script", function()
         assert.equal(200, resp.status)
         assert.equal("fine", resp.body, ctx(gw))
         assert.equal(2, #up:hits())
+    end)
+
+    it("retries a 200 whose JSON body says overloaded (classify_body_max), chunked too", function()
+        up:program({ sequence = { { status = 200, body = '{"error":"overloaded"}' } },
+            default = { status = 200, body = '{"items":[]}' } })
+        local resp = assert(H.request(gw.port, { path = "/body" }))
+        assert.equal('{"items":[]}', resp.body, ctx(gw))
+        assert.equal(2, #up:hits())
+        up:reset()
+        up:program({ sequence = { { status = 200, body = '{"error":"overloaded"}', chunked = true, chunk_size = 5 } },
+            default = { status = 200, body = "fine", chunked = true } })
+        resp = assert(H.request(gw.port, { path = "/chunked" }))
+        assert.equal("fine", resp.body, ctx(gw))
+        assert.equal(2, #up:hits())
+    end)
+
+    it("classifies a body larger than classify_body_max by its head, and passes it on whole", function()
+        local big = '{"error":"overloaded","pad":"' .. ("x"):rep(8000) .. '"}'
+        up:program({ default = { status = 200, body = big } })
+        local resp = assert(H.request(gw.port, { path = "/big" }))
+        assert.equal(200, resp.status)
+        assert.equal(big, resp.body)
+        assert.equal(1, #up:hits(), ctx(gw))
     end)
 
     it("retries a POST /search the script marks idempotent, and not a plain POST", function()
@@ -209,7 +235,7 @@ describe("a route script", function()
         up:program({ default = 200 })
         assert(H.request(gw.port, { path = "/logged" }))
         assert.truthy(H.wait_until(function()
-            return gw:log():find("route.lua:29: on_log /logged 200 1", 1, true)
+            return gw:log():find("route.lua:31: on_log /logged 200 1", 1, true)
         end, 3), ctx(gw))
     end)
 
@@ -287,6 +313,7 @@ http {
         location /pay { script {{ROOT}}/scripts/examples/payments.lua; idempotency_key on; proxy_pass http://up; }
         location /search { script {{ROOT}}/scripts/examples/search.lua; proxy_pass http://up; }
         location /limited { script {{ROOT}}/scripts/examples/rate_limited.lua; proxy_pass http://up; }
+        location /busy { script {{ROOT}}/scripts/examples/overloaded.lua; classify_body_max 1k; proxy_pass http://up; }
     }
 }
 ]]
@@ -334,6 +361,14 @@ describe("the example scripts, in the gateway", function()
         up:program({ sequence = { 503 }, default = { status = 200, body = "found" } })
         local resp = assert(H.request(gw.port, { method = "POST", path = "/search", body = "q=shoes" }))
         assert.equal(200, resp.status)
+        assert.equal(2, #up:hits())
+    end)
+
+    it("overloaded.lua: a 200 that says overloaded is retried", function()
+        up:program({ sequence = { { status = 200, body = '{"error":"overloaded"}' } },
+            default = { status = 200, body = '{"ok":true}' } })
+        local resp = assert(H.request(gw.port, { path = "/busy" }))
+        assert.equal('{"ok":true}', resp.body)
         assert.equal(2, #up:hits())
     end)
 
