@@ -141,10 +141,13 @@ setup(ric_request_t *r)
     if (r->script_idempotent != 0) {
         r->replay_safe = r->script_idempotent > 0; /* the route script knows its API */
     }
-    if (r->script_key != NULL && s->idempotency_key != RIC_IDEMPOTENCY_OFF) {
+    if (r->script_idempotent < 0 || s->idempotency_key == RIC_IDEMPOTENCY_OFF) {
+        /* the script said never, or the route has no key contract */
+    } else if (r->script_key != NULL) {
         r->replay_safe = 1; /* a key under the route's contract, set by its script */
-    } else if (s->idempotency_key != RIC_IDEMPOTENCY_OFF && r->script_idempotent == 0) {
-        v = ric_headers_find(in, r->msg, refs->idempotency_key_header);
+    } else if (r->script_idempotent == 0) {
+        v = r->script_key_removed ? (ric_str_t) ric_null_string
+                                  : ric_headers_find(in, r->msg, refs->idempotency_key_header);
         if (v.data != NULL && v.len > 0
             && ric_headers_count(in, r->msg, refs->idempotency_key_header) == 1) {
             r->replay_safe = 1; /* the route's contract: its upstream honours keys */
@@ -462,6 +465,8 @@ doing(const ric_attempt_t *u)
         return "connecting to upstream";
     case RIC_HTTP1_SENDING:
         return "sending the request to upstream";
+    case RIC_HTTP1_PEEK:
+        return "reading the response body from upstream (classify_body_max)";
     default:
         return "reading the response head from upstream";
     }

@@ -476,8 +476,8 @@ read_drain(ric_http1_t *h)
 static int
 peek_too_big(const ric_http1_t *h)
 {
-    if (h->resp.body == RIC_BODY_LENGTH && h->resp.content_length > h->peek_max) {
-        return 1;
+    if (h->resp.body == RIC_BODY_LENGTH) {
+        return h->resp.content_length > h->peek_max; /* peek_max fits the buffer */
     }
     /* the bytes read (chunk framing included): a chunked body near the limit
      * may be judged by its head although its data would fit */

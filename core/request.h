@@ -97,6 +97,7 @@ struct ric_request_s {
     /* the route script's word (script.c, script_api.c) */
     int script_idempotent;     /* req.idempotent: 1 true, -1 false, 0 not set */
     const char *script_key;    /* req:set_idempotency_key (pool) */
+    int script_key_removed;    /* req:set_header(key field, nil): the client's key is not sent */
     int script_status;         /* req:respond's status; 0: it did not answer */
     ric_str_t script_headers;  /* its fields, "Name: value\r\n" each (pool) */
     ric_str_t script_body;     /* (pool) */

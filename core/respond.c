@@ -31,16 +31,23 @@ own_head(ric_request_t *r)
     } else {
         blen = (size_t) snprintf(body, sizeof(body), "%d %s\n", r->status, reason);
     }
+    if (r->status == 204 || r->status == 304) {
+        type = ""; /* no body, no length (a script's answer) */
+        blen = 0;
+    }
     hlen = snprintf(head, sizeof(head),
                     "HTTP/1.1 %d %s\r\n"
                     "Server: ricochet\r\n"
                     "Date: %s\r\n"
-                    "%s"
-                    "Content-Length: %zu\r\n"
                     "%s",
-                    r->status, reason, ric_worker_date(c->worker), type, blen,
-                    !keep ? "Connection: close\r\n"
-                    : r->msg->version == 10 ? "Connection: keep-alive\r\n" : "");
+                    r->status, reason, ric_worker_date(c->worker), type);
+    if (r->status != 204 && r->status != 304) {
+        hlen += snprintf(head + hlen, sizeof(head) - (size_t) hlen, "Content-Length: %zu\r\n",
+                         blen);
+    }
+    hlen += snprintf(head + hlen, sizeof(head) - (size_t) hlen, "%s",
+                     !keep ? "Connection: close\r\n"
+                     : r->msg->version == 10 ? "Connection: keep-alive\r\n" : "");
     ric_conn_head_append(c, head, (size_t) hlen);
     if (fields.len > 0) {
         ric_conn_head_append(c, fields.data, fields.len);

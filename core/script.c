@@ -32,6 +32,7 @@ static int ref_req = LUA_NOREF, ref_res = LUA_NOREF, ref_attempt = LUA_NOREF;
 
 ric_request_t *ric_script_request;
 ric_attempt_t *ric_script_attempt;
+int ric_script_in_on_request;
 
 /* --- the bound on a call ------------------------------------------------------ */
 
@@ -39,17 +40,25 @@ ric_attempt_t *ric_script_attempt;
 
 static int64_t call_start_ms;
 static int64_t call_ticks;
+static int call_stopped;
 
+/* Once a call is over its bound, every further instruction of it raises
+ * the error again: a script that catches it (pcall) cannot go on. The
+ * traceback handler is C, which no count hook interrupts. */
 static void
 bound_hook(lua_State *l, lua_Debug *ar)
 {
     (void) ar;
-    if (++call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
-        || ric_now_ms() - call_start_ms > RIC_SCRIPT_MAX_MS) {
-        lua_sethook(l, NULL, 0, 0); /* the error's traceback runs unbounded, and once */
-        luaL_error(l, "stopped: it ran longer than a hook may (%d instructions or %d ms)",
-                   RIC_SCRIPT_MAX_INSTRUCTIONS, RIC_SCRIPT_MAX_MS);
+    if (!call_stopped && ++call_ticks * HOOK_EVERY <= RIC_SCRIPT_MAX_INSTRUCTIONS
+        && ric_now_ms() - call_start_ms <= RIC_SCRIPT_MAX_MS) {
+        return;
     }
+    if (!call_stopped) {
+        call_stopped = 1;
+        lua_sethook(l, bound_hook, LUA_MASKCOUNT, 1);
+    }
+    luaL_error(l, "stopped: it ran longer than a hook may (%d instructions or %d ms)",
+               RIC_SCRIPT_MAX_INSTRUCTIONS, RIC_SCRIPT_MAX_MS);
 }
 
 /* Calls the function below its nargs arguments on the stack with nres
@@ -64,11 +73,21 @@ call(int nargs, int nres)
     lua_insert(L, base);
     call_start_ms = ric_now_ms();
     call_ticks = 0;
+    call_stopped = 0;
     lua_sethook(L, bound_hook, LUA_MASKCOUNT, HOOK_EVERY);
     rc = lua_pcall(L, nargs, nres, base);
     lua_sethook(L, NULL, 0, 0);
     lua_remove(L, base);
     return rc;
+}
+
+/* The error on top of the stack as text (an error object may be a table). */
+static const char *
+error_text(void)
+{
+    const char *m = lua_tostring(L, -1);
+
+    return m != NULL ? m : lua_pushfstring(L, "(an error object: a %s)", luaL_typename(L, -1));
 }
 
 /* --- the state ---------------------------------------------------------------- */
@@ -112,6 +131,20 @@ state_init(char *err, size_t errlen)
         return RIC_ERROR;
     }
     luaL_openlibs(L);
+    /* the strings' metatable reaches the real string table from any
+     * script: take out what a sandbox must not have there */
+    if (luaL_dostring(L, "string.dump = nil\n"
+                         "local rep = string.rep\n"
+                         "string.rep = function(s, n, sep)\n"
+                         "  if type(s) == 'string' and type(n) == 'number'\n"
+                         "     and (#s + #(sep or '')) * n > 16777216 then\n"
+                         "    error('string.rep: a result over 16 MiB', 2)\n"
+                         "  end\n"
+                         "  return rep(s, n, sep)\n"
+                         "end\n") != 0) {
+        snprintf(err, errlen, "cannot prepare the Lua state: %s", lua_tostring(L, -1));
+        return RIC_ERROR;
+    }
     lua_getglobal(L, "debug");
     lua_getfield(L, -1, "traceback");
     ref_traceback = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -154,7 +187,8 @@ state_init(char *err, size_t errlen)
 static int
 hook_ref(const char *name)
 {
-    lua_getfield(L, -1, name);
+    lua_pushstring(L, name);
+    lua_rawget(L, -2);
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
         return LUA_NOREF;
@@ -181,14 +215,15 @@ ric_script_load(const char *path, char *err, size_t errlen)
     lua_pushstring(L, path);
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_ricochet);
     if (call(2, 2) != 0 || lua_isnil(L, -2)) {
-        snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "cannot load it");
+        snprintf(err, errlen, "%s", lua_isnil(L, -2) && lua_isstring(L, -1) ? lua_tostring(L, -1)
+                                                                            : error_text());
         lua_settop(L, top);
         return NULL;
     }
     lua_pop(L, 1);
     /* the main chunk runs once, bounded like a hook */
     if (call(0, 1) != 0) {
-        snprintf(err, errlen, "%s", lua_tostring(L, -1));
+        snprintf(err, errlen, "%s", error_text());
         lua_settop(L, top);
         return NULL;
     }
@@ -222,11 +257,20 @@ script_of(const ric_request_t *r)
     return r->location != NULL ? r->location->refs.script : NULL;
 }
 
+/* table[-1][name] = value[top], raw: no metamethod runs outside a call. */
+static void
+set_raw(const char *name)
+{
+    lua_pushstring(L, name);
+    lua_insert(L, -2);
+    lua_rawset(L, -3);
+}
+
 static void
 set_string(const char *field, ric_str_t v)
 {
     lua_pushlstring(L, (const char *) v.data, v.len);
-    lua_setfield(L, -2, field);
+    set_raw(field);
 }
 
 /* "FILE:LINE" of a hook's definition, for what it returned. */
@@ -250,7 +294,7 @@ log_failure(const ric_script_t *s, const char *hook, const ric_request_t *r)
 {
     ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s, client: %s", s->path, hook,
                   strcmp(hook, "on_log") != 0 ? " (the built-in policy decides)" : "",
-                  lua_tostring(L, -1), r->c->peer);
+                  error_text(), r->c->peer);
 }
 
 int
@@ -281,12 +325,14 @@ ric_script_on_request(ric_request_t *r)
     set_string("method", ric_request_span(r, m->method_off, m->method_len));
     set_string("path", path);
     lua_pushlstring(L, query.data ? (const char *) query.data : "", query.len);
-    lua_setfield(L, -2, "query");
+    set_raw("query");
     lua_pushnil(L);
-    lua_setfield(L, -2, "idempotent");
+    set_raw("idempotent");
 
     ric_script_request = r;
+    ric_script_in_on_request = 1;
     rc = call(1, 0);
+    ric_script_in_on_request = 0;
     ric_script_request = NULL;
     if (rc != 0) {
         log_failure(s, "on_request", r);
@@ -295,7 +341,8 @@ ric_script_on_request(ric_request_t *r)
         return RIC_OK;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);
-    lua_getfield(L, -1, "idempotent");
+    lua_pushstring(L, "idempotent");
+    lua_rawget(L, -2);
     if (lua_isboolean(L, -1)) {
         r->script_idempotent = lua_toboolean(L, -1) ? 1 : -1;
     } else if (!lua_isnil(L, -1)) {
@@ -336,21 +383,21 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     if (class == RIC_CLASS_STATUS) {
         lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
         lua_pushinteger(L, u->client.resp.status);
-        lua_setfield(L, -2, "status");
+        set_raw("status");
     } else {
         lua_pushnil(L); /* no response: attempt.class says why */
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_attempt);
     lua_pushinteger(L, u->number);
-    lua_setfield(L, -2, "number");
+    set_raw("number");
     lua_pushstring(L, ric_retry_class_name(class));
-    lua_setfield(L, -2, "class");
+    set_raw("class");
     lua_pushnumber(L, (double) (ric_now_us() - r->start_us) / 1e6);
-    lua_setfield(L, -2, "elapsed");
+    set_raw("elapsed");
     lua_pushnumber(L, (double) ric_max(r->deadline_ms - now, (int64_t) 0) / 1e3);
-    lua_setfield(L, -2, "remaining");
+    set_raw("remaining");
     lua_pushstring(L, u->client.peer ? u->client.peer->conf->addr_text : "");
-    lua_setfield(L, -2, "upstream");
+    set_raw("upstream");
 
     ric_script_request = r;
     ric_script_attempt = u;

@@ -49,5 +49,6 @@ void ric_script_log_cleanup(void *data);
 /* The request the binding works on during a hook call (script_api.c). */
 extern ric_request_t *ric_script_request;
 extern ric_attempt_t *ric_script_attempt;
+extern int ric_script_in_on_request; /* req may be changed only then */
 
 #endif /* RIC_SCRIPT_H */

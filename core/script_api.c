@@ -27,6 +27,18 @@ current(lua_State *L)
     return ric_script_request;
 }
 
+/* The request, for a change to it: only on_request may make one. */
+static ric_request_t *
+changing(lua_State *L, const char *what)
+{
+    ric_request_t *r = current(L);
+
+    if (!ric_script_in_on_request) {
+        luaL_error(L, "%s can only be called in on_request", what);
+    }
+    return r;
+}
+
 static ric_attempt_t *
 current_attempt(lua_State *L)
 {
@@ -156,10 +168,13 @@ req_header(lua_State *L)
 static int
 req_set_header(lua_State *L)
 {
-    ric_request_t *r = current(L);
+    ric_request_t *r = changing(L, "req:set_header");
     size_t n, vn = 0;
     const char *name = luaL_checklstring(L, 1, &n);
     const char *value = lua_isnil(L, 2) ? NULL : luaL_checklstring(L, 2, &vn);
+    const char *key_header = r->location->refs.idempotency_key_header;
+    ric_str_t a = { (const u_char *) name, n }, b = { (const u_char *) key_header,
+                                                      strlen(key_header) };
 
     if (!is_token(name, n)) {
         return luaL_error(L, "req:set_header: \"%s\" is not a valid field name", name);
@@ -171,6 +186,11 @@ req_set_header(lua_State *L)
         return luaL_error(L, "req:set_header: the value of %s has control characters", name);
     }
     edit(r, name, n, value, vn);
+    if (ric_str_eq_nocase(a, b)) {
+        /* the key field is the key: replay safety follows what is sent */
+        r->script_key = value != NULL ? (const char *) find_edit(r, name, n)->value.data : NULL;
+        r->script_key_removed = value == NULL;
+    }
     return 0;
 }
 
@@ -206,7 +226,7 @@ req_body(lua_State *L)
 static int
 req_set_idempotency_key(lua_State *L)
 {
-    ric_request_t *r = current(L);
+    ric_request_t *r = changing(L, "req:set_idempotency_key");
     const char *header = r->location->refs.idempotency_key_header;
     size_t n;
     const char *key = luaL_checklstring(L, 1, &n);
@@ -216,6 +236,7 @@ req_set_idempotency_key(lua_State *L)
     }
     edit(r, header, strlen(header), key, n);
     r->script_key = (const char *) find_edit(r, header, strlen(header))->value.data;
+    r->script_key_removed = 0;
     return 0;
 }
 
@@ -229,6 +250,10 @@ req_idempotency_key(lua_State *L)
         lua_pushstring(L, r->script_key);
         return 1;
     }
+    if (r->script_key_removed) {
+        lua_pushnil(L);
+        return 1;
+    }
     push_str(L, ric_headers_find(r->c->in, r->msg, header));
     return 1;
 }
@@ -240,7 +265,7 @@ req_idempotency_key(lua_State *L)
 static int
 req_respond(lua_State *L)
 {
-    ric_request_t *r = current(L);
+    ric_request_t *r = changing(L, "req:respond");
     int status = (int) luaL_checkinteger(L, 1), i, n;
     size_t nlen, vlen, blen;
     const char *name, *value, *body;
@@ -251,26 +276,36 @@ req_respond(lua_State *L)
     if (status < 200 || status > 599) {
         return luaL_error(L, "req:respond: status %d is not from 200 to 599", status);
     }
+    if ((status == 204 || status == 304) && blen > 0) {
+        return luaL_error(L, "req:respond: a %d has no body", status);
+    }
     if (blen > RESPOND_MAX_BODY) {
         return luaL_error(L, "req:respond: a body of %d bytes is over the %d a script may send",
                           (int) ric_min(blen, (size_t) INT32_MAX), RESPOND_MAX_BODY);
     }
     r->script_typed = 0;
     n = (int) lua_objlen(L, 2);
+    /* checked whole first: an error leaves nothing allocated behind */
+    for (i = 1; i + 1 <= n; i += 2) {
+        lua_rawgeti(L, 2, i);
+        lua_rawgeti(L, 2, i + 1);
+        name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nlen) : NULL;
+        value = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &vlen) : NULL;
+        if (name == NULL || value == NULL || !is_token(name, nlen) || !is_value(value, vlen)) {
+            return luaL_error(L, "req:respond: \"%s\" is not a valid header",
+                              name ? name : "(not a string)");
+        }
+        if (is_reserved(name, nlen) || (nlen == 4 && strncasecmp(name, "date", 4) == 0)
+            || (nlen == 6 && strncasecmp(name, "server", 6) == 0)) {
+            return luaL_error(L, "req:respond: %s is the gateway's to set", name);
+        }
+        lua_pop(L, 2);
+    }
     for (i = 1; i + 1 <= n; i += 2) {
         lua_rawgeti(L, 2, i);
         lua_rawgeti(L, 2, i + 1);
         name = lua_tolstring(L, -2, &nlen);
         value = lua_tolstring(L, -1, &vlen);
-        if (name == NULL || value == NULL || !is_token(name, nlen) || !is_value(value, vlen)) {
-            ric_buf_free(&h);
-            return luaL_error(L, "req:respond: \"%s\" is not a valid header",
-                              name ? name : "(not a string)");
-        }
-        if (is_reserved(name, nlen) || (nlen == 4 && strncasecmp(name, "date", 4) == 0)) {
-            ric_buf_free(&h);
-            return luaL_error(L, "req:respond: %s is the gateway's to set", name);
-        }
         r->script_typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
         ric_buf_put(&h, name, nlen);
         ric_buf_puts(&h, ": ");
@@ -445,6 +480,7 @@ ric_script_api_undo(ric_request_t *r)
 {
     r->edits = NULL;
     r->script_key = NULL;
+    r->script_key_removed = 0;
     r->script_status = 0;
 }
 

@@ -2,7 +2,7 @@
 --
 -- The gateway runs this file with its C binding; the test kit (ricochet.testing) runs the very same file
 -- with a binding written in Lua. A binding B provides, for "the request being handled":
---   B.req_header(name)                  -> string | nil   (case-insensitive; the last value)
+--   B.req_header(name)                  -> string | nil   (case-insensitive; the first value)
 --   B.req_set_header(name, value|nil)
 --   B.req_body()                        -> string | nil   (nil: no body, or streamed)
 --   B.req_set_idempotency_key(key)      B.req_idempotency_key() -> string | nil
@@ -12,7 +12,7 @@
 --   B.res_body()                        -> string | nil
 --   B.uuid(), B.sha256(s), B.hmac_sha256(key, s), B.now(), B.log(level, message)
 -- and the gateway fills the fields (req.method, res.status, attempt.number...) before each call.
-local cjson = require("cjson.safe")
+local decode = require("cjson.safe").decode -- kept: scripts get copies of cjson, never this one
 
 return function(B)
     local api = {}
@@ -48,7 +48,7 @@ return function(B)
     function Req:json()
         local body = B.req_body()
         if body == nil then return nil end
-        local v = cjson.decode(body)
+        local v = decode(body)
         return v
     end
 
@@ -101,14 +101,14 @@ return function(B)
     function Res:json()
         local body = B.res_body()
         if body == nil then return nil end
-        local v = cjson.decode(body)
+        local v = decode(body)
         return v
     end
 
     -- the objects: one of each, reused from call to call (the gateway refills their fields)
     api.req = setmetatable({}, Req)
     api.res = setmetatable({}, Res)
-    api.attempt = {}
+    api.attempt = setmetatable({}, { __metatable = "ricochet.attempt" })
 
     -- ricochet ------------------------------------------------------------------------------------------------
     local levels = { debug = true, info = true, notice = true, warn = true, error = true }

@@ -65,13 +65,14 @@ local function prepare(path, ricochet, bundled_dir)
             if type(v) == "string" then return nil end -- the strings' metatable is everyone's
             return getmetatable(v)
         end,
-        string = safe_string, table = copy(table), math = copy(math), bit = copy(require("bit")),
+        -- every library table is the script's own copy: what one script changes, no other sees
+        string = copy(safe_string), table = copy(table), math = copy(math), bit = copy(require("bit")),
         os = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime },
-        ricochet = ricochet,
+        ricochet = copy(ricochet),
     }
     env._G = env
     local loaded = {
-        cjson = require("cjson"), ["cjson.safe"] = require("cjson.safe"), ricochet = ricochet,
+        cjson = copy(require("cjson")), ["cjson.safe"] = copy(require("cjson.safe")), ricochet = env.ricochet,
         string = env.string, table = env.table, math = env.math, bit = env.bit, os = env.os,
     }
     local loading = {}

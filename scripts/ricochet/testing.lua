@@ -123,6 +123,10 @@ local function binding(st)
             error(("req:set_header: the value of %s has control characters"):format(name), 3)
         end
         st.edits[name:lower()] = value or false
+        if name:lower() == st.key_header:lower() then -- the key field is the key, as in the gateway
+            st.key = value
+            st.key_removed = value == nil
+        end
     end
     function B.req_body() return st.body end
     function B.req_set_idempotency_key(key)
@@ -130,14 +134,27 @@ local function binding(st)
             error("req:set_idempotency_key: a key is 1 to 255 printable characters", 3)
         end
         st.key = key
+        st.key_removed = false
         st.edits[st.key_header:lower()] = key
     end
-    function B.req_idempotency_key() return st.key or st.headers[st.key_header:lower()] end
+    function B.req_idempotency_key()
+        if st.key then return st.key end
+        if st.key_removed then return nil end
+        return st.headers[st.key_header:lower()]
+    end
     function B.req_respond(status, list, body)
         local headers = {}
+        if (status == 204 or status == 304) and #body > 0 then
+            error(("req:respond: a %d has no body"):format(status), 3)
+        end
         for i = 1, #list, 2 do
             local n = list[i]:lower()
-            if RESERVED[n] or n == "date" then error(("req:respond: %s is the gateway's to set"):format(list[i]), 3) end
+            if not list[i]:match("^[!#$%%&'*+%-.^_`|~%w]+$") or list[i + 1]:find("[%z\1-\8\10-\31\127]") then
+                error(('req:respond: "%s" is not a valid header'):format(list[i]), 3)
+            end
+            if RESERVED[n] or n == "date" or n == "server" then
+                error(("req:respond: %s is the gateway's to set"):format(list[i]), 3)
+            end
             headers[list[i]] = list[i + 1]
         end
         if #body > 1048576 then error("req:respond: the body is over the 1 MiB a script may send", 3) end
@@ -146,8 +163,22 @@ local function binding(st)
     function B.res_header(name) return st.headers[name:lower()] end
     function B.res_retry_after()
         local v = st.headers["retry-after"]
-        if v and v:match("^%d+$") then return tonumber(v) end
-        return nil
+        if v == nil then return nil end
+        if v:match("^%d+$") then return tonumber(v) end
+        -- an IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT", as seconds from now (never negative)
+        local d, mon, y, hh, mm, ss = v:match("^%a%a%a, (%d%d) (%a%a%a) (%d%d%d%d) (%d%d):(%d%d):(%d%d) GMT$")
+        local months = { Jan = 1, Feb = 2, Mar = 3, Apr = 4, May = 5, Jun = 6, Jul = 7, Aug = 8, Sep = 9,
+            Oct = 10, Nov = 11, Dec = 12 }
+        local m = months[mon or ""]
+        if not m then return nil end
+        y, d = tonumber(y), tonumber(d)
+        -- days from the civil date (proleptic Gregorian), no time zone involved
+        local a = m <= 2 and 1 or 0
+        local yy, mmm = y - a, m + 12 * a - 3
+        local days = d + math.floor((153 * mmm + 2) / 5) + 365 * yy + math.floor(yy / 4)
+            - math.floor(yy / 100) + math.floor(yy / 400) - 719469
+        local t = days * 86400 + tonumber(hh) * 3600 + tonumber(mm) * 60 + tonumber(ss)
+        return math.max(0, t - os.time())
     end
     function B.res_body() return st.body end
     B.uuid = uuid

@@ -49,6 +49,31 @@ end
 return route
 ]]
 
+-- A second script: what a script must not be able to do to the gateway or to other scripts.
+local ROUTE2 = [[
+local route = {}
+local kept
+function route.on_request(req)
+    kept = req
+    if req.path == "/two/catch" then
+        pcall(function() while true do end end) -- the stop cannot be caught
+        while true do end
+    end
+    if req.path == "/two/tamper" then
+        require("cjson.safe").decode = function() return { hijacked = true } end
+        ricochet.sha256 = function() return "forged" end
+        string.upper = function() return "hijacked" end
+    end
+    if req.path == "/two/strip" then req:set_header("Idempotency-Key", nil) end
+    if req.path == "/two/nocontent" then req:respond(204, {}, "") end
+    if req.path == "/two/badnocontent" then req:respond(204, {}, "oops") end
+end
+function route.classify(res, attempt)
+    if res and res.status == 299 then kept:set_idempotency_key("late") end
+end
+return route
+]]
+
 local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
@@ -65,6 +90,11 @@ http {
             proxy_pass http://up;
         }
         location /plain/ {
+            proxy_pass http://up;
+        }
+        location /two/ {
+            script {{SCRIPT2}};
+            idempotency_key on;
             proxy_pass http://up;
         }
     }
@@ -86,7 +116,8 @@ describe("a route script", function()
 
     setup(function()
         up = H.start_upstream()
-        gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = script("route.lua", ROUTE) } })
+        gw = H.start_gateway({ conf = CONF, upstream = up,
+            vars = { SCRIPT = script("route.lua", ROUTE), SCRIPT2 = script("route2.lua", ROUTE2) } })
     end)
 
     teardown(function()
@@ -245,6 +276,51 @@ describe("a route script", function()
         assert.equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", sha)
         assert.equal("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843", mac)
         assert.truthy(id:match("^%x+%-%x+%-4%x+%-[89ab]%x+%-%x+$"), id)
+    end)
+
+    it("stops a hook that catches its stop with pcall", function()
+        local resp = assert(H.request(gw.port, { path = "/two/catch", timeout = 10 }))
+        assert.equal(200, resp.status, ctx(gw))
+    end)
+
+    it("keeps one script's changes to libraries away from the gateway and other scripts", function()
+        assert(H.request(gw.port, { path = "/two/tamper" }))
+        local resp = assert(H.request(gw.port, { method = "POST", path = "/pay",
+            body = '{"order_id":"Z"}' }))
+        assert.equal(200, resp.status)
+        local hits = up:hits()
+        assert.same({ "body-Z" }, H.hit_values(hits[#hits], "Idempotency-Key"))
+        resp = assert(H.request(gw.port, { path = "/digest" }))
+        assert.truthy(resp.body:find("^ba7816bf"), resp.body)
+    end)
+
+    it("follows a key field removed with set_header: the POST is not replay-safe", function()
+        up:program({ sequence = { 503 }, default = 200 })
+        local resp = assert(H.request(gw.port, { method = "POST", path = "/two/strip",
+            headers = { { "Idempotency-Key", "client" } }, body = "x" }))
+        assert.equal(503, resp.status)
+        local hits = up:hits()
+        assert.equal(1, #hits)
+        assert.same({}, H.hit_values(hits[1], "Idempotency-Key"))
+    end)
+
+    it("lets req change only in on_request: a kept req used in classify is an error", function()
+        up:program({ default = 299 })
+        local resp = assert(H.request(gw.port, { path = "/two/late" }))
+        assert.equal(299, resp.status)
+        assert.truthy(H.wait_until(function()
+            return gw:log():find("req:set_idempotency_key can only be called in on_request", 1, true)
+        end, 3), ctx(gw))
+    end)
+
+    it("answers a 204 without a body or a length, and refuses a 204 with a body", function()
+        local resp = assert(H.request(gw.port, { path = "/two/nocontent" }))
+        assert.equal(204, resp.status)
+        assert.is_nil(resp.headers["content-length"])
+        up:program({ default = 200 })
+        resp = assert(H.request(gw.port, { path = "/two/badnocontent" }))
+        assert.equal(200, resp.status) -- on_request failed: the upstream answered
+        assert.truthy(gw:log():find("a 204 has no body", 1, true), ctx(gw))
     end)
 
     it("leaves routes without a script alone", function()
