@@ -23,6 +23,13 @@ return function(B)
         end
     end
 
+    -- a body decoded, or nil (none, or not JSON)
+    local function json_of(body)
+        if body == nil then return nil end
+        local v = decode(body)
+        return v
+    end
+
     -- req -----------------------------------------------------------------------------------------------------
     local Req = { __metatable = "ricochet.req" } -- a script cannot swap the methods of the shared object
     Req.__index = Req
@@ -46,10 +53,7 @@ return function(B)
     end
 
     function Req:json()
-        local body = B.req_body()
-        if body == nil then return nil end
-        local v = decode(body)
-        return v
+        return json_of(B.req_body())
     end
 
     function Req:set_idempotency_key(key)
@@ -99,10 +103,7 @@ return function(B)
     end
 
     function Res:json()
-        local body = B.res_body()
-        if body == nil then return nil end
-        local v = decode(body)
-        return v
+        return json_of(B.res_body())
     end
 
     -- the objects: one of each, reused from call to call (the gateway refills their fields)
