@@ -451,7 +451,7 @@ classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t *delay_ms, 
 
     if (word == RIC_CLASSIFY_RETRY && !r->replay_safe && class != RIC_CLASS_CONNECT_ERROR) {
         ric_log_error(RIC_LOG_WARN, 0, "route script %s asked to retry a request that is not "
-                      "replay-safe: refused (DESIGN 1.1), client: %s",
+                      "replay-safe: refused (an unsafe method without an idempotency key), client: %s",
                       r->location->refs.script->path, r->c->peer);
     }
     return word;
@@ -592,9 +592,10 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     a->prev_peer = h->peer;
 
     if (d.retry) {
-        ric_log_error(RIC_LOG_WARN, 0, "retrying after %s %d: attempt %d%s%lld in %lldms, "
-                      "client: %s, upstream: %s", ric_retry_class_name(class),
-                      status, u->number + 1, r->policy.attempts ? "/" : "",
+        ric_log_error(RIC_LOG_WARN, 0, "retrying after %s %d%s: attempt %d%s%lld in %lldms, "
+                      "client: %s, upstream: %s", ric_retry_class_name(class), status,
+                      in.classified == RIC_CLASSIFY_RETRY ? " (the route script's classify)" : "",
+                      u->number + 1, r->policy.attempts ? "/" : "",
                       (long long) r->policy.attempts, (long long) d.wait_ms, r->c->peer,
                       h->peer->conf->addr_text);
         a->current = NULL;

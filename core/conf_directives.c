@@ -1517,11 +1517,14 @@ resolve_budgets(ric_conf_parse_t *cf)
                     budget_origin(x, lx, &file, &line);
                     budget_origin(y, ly, &ofile, &oline);
                     return ric_conf_reason(cf, "%s:%d: \"retry_budget %s\" for upstream \"%s\" "
-                                           "differs from \"retry_budget %s\" at %s:%d: locations "
+                                           "differs from %s\"retry_budget %s\" %s %s:%d: locations "
                                            "that share an upstream share its budget; set "
                                            "retry_budget once, in %s", file, line,
                                            ric_budget_rule_text(x, a, sizeof(a)), u->name,
-                                           ric_budget_rule_text(y, o, sizeof(o)), ofile, oline,
+                                           y->file ? "" : "the default ",
+                                           ric_budget_rule_text(y, o, sizeof(o)),
+                                           y->file ? "at" : "that the location inherits at",
+                                           ofile, oline,
                                            u->implicit ? "an upstream block for that address "
                                                          "(upstream NAME { server ADDRESS; "
                                                          "retry_budget ...; })"

@@ -10,11 +10,27 @@
 #include <lauxlib.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <strings.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+
+/* An error raised where the script called: level 1 is api.lua's wrapper,
+ * level 2 the script's line. */
+static int
+script_error(lua_State *L, const char *fmt, ...)
+{
+    va_list ap;
+
+    luaL_where(L, 2);
+    va_start(ap, fmt);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
 
 /* Every function works on ric_script_request, set only while a hook runs:
  * a req or res kept and used later is an error, never a stale pointer. */
@@ -22,7 +38,7 @@ static ric_request_t *
 current(lua_State *L)
 {
     if (ric_script_request == NULL) {
-        luaL_error(L, "req and res can only be used while their hook runs");
+        script_error(L, "req and res can only be used while their hook runs");
     }
     return ric_script_request;
 }
@@ -34,7 +50,7 @@ changing(lua_State *L, const char *what)
     ric_request_t *r = current(L);
 
     if (!ric_script_in_on_request) {
-        luaL_error(L, "%s can only be called in on_request", what);
+        script_error(L, "%s can only be called in on_request", what);
     }
     return r;
 }
@@ -43,7 +59,7 @@ static ric_attempt_t *
 current_attempt(lua_State *L)
 {
     if (current(L) != NULL && ric_script_attempt == NULL) {
-        luaL_error(L, "res can only be used in classify");
+        script_error(L, "res can only be used in classify");
     }
     return ric_script_attempt;
 }
@@ -177,13 +193,13 @@ req_set_header(lua_State *L)
                                                       strlen(key_header) };
 
     if (!is_token(name, n)) {
-        return luaL_error(L, "req:set_header: \"%s\" is not a valid field name", name);
+        return script_error(L, "req:set_header: \"%s\" is not a valid field name", name);
     }
     if (is_reserved(name, n)) {
-        return luaL_error(L, "req:set_header: %s is the gateway's to set", name);
+        return script_error(L, "req:set_header: %s is the gateway's to set", name);
     }
     if (value != NULL && !is_value(value, vn)) {
-        return luaL_error(L, "req:set_header: the value of %s has control characters", name);
+        return script_error(L, "req:set_header: the value of %s has control characters", name);
     }
     edit(r, name, n, value, vn);
     if (ric_str_eq_nocase(a, b)) {
@@ -214,7 +230,7 @@ req_body(lua_State *L)
         got = pread(b->fd, chunk, (size_t) ric_min((uint64_t) sizeof(chunk), b->file_len - off),
                     (off_t) off);
         if (got <= 0) {
-            return luaL_error(L, "req:body: cannot read the body's temp file");
+            return script_error(L, "req:body: cannot read the body's temp file");
         }
         luaL_addlstring(&buf, chunk, (size_t) got);
         off += (uint64_t) got;
@@ -232,7 +248,7 @@ req_set_idempotency_key(lua_State *L)
     const char *key = luaL_checklstring(L, 1, &n);
 
     if (n == 0 || n > 255 || !is_value(key, n)) {
-        return luaL_error(L, "req:set_idempotency_key: a key is 1 to 255 printable characters");
+        return script_error(L, "req:set_idempotency_key: a key is 1 to 255 printable characters");
     }
     edit(r, header, strlen(header), key, n);
     r->script_key = (const char *) find_edit(r, header, strlen(header))->value.data;
@@ -274,13 +290,13 @@ req_respond(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     body = luaL_checklstring(L, 3, &blen);
     if (status < 200 || status > 599) {
-        return luaL_error(L, "req:respond: status %d is not from 200 to 599", status);
+        return script_error(L, "req:respond: status %d is not from 200 to 599", status);
     }
     if ((status == 204 || status == 304) && blen > 0) {
-        return luaL_error(L, "req:respond: a %d has no body", status);
+        return script_error(L, "req:respond: a %d has no body", status);
     }
     if (blen > RESPOND_MAX_BODY) {
-        return luaL_error(L, "req:respond: a body of %d bytes is over the %d a script may send",
+        return script_error(L, "req:respond: a body of %d bytes is over the %d a script may send",
                           (int) ric_min(blen, (size_t) INT32_MAX), RESPOND_MAX_BODY);
     }
     r->script_typed = 0;
@@ -292,12 +308,12 @@ req_respond(lua_State *L)
         name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nlen) : NULL;
         value = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &vlen) : NULL;
         if (name == NULL || value == NULL || !is_token(name, nlen) || !is_value(value, vlen)) {
-            return luaL_error(L, "req:respond: \"%s\" is not a valid header",
+            return script_error(L, "req:respond: \"%s\" is not a valid header",
                               name ? name : "(not a string)");
         }
         if (is_reserved(name, nlen) || (nlen == 4 && strncasecmp(name, "date", 4) == 0)
             || (nlen == 6 && strncasecmp(name, "server", 6) == 0)) {
-            return luaL_error(L, "req:respond: %s is the gateway's to set", name);
+            return script_error(L, "req:respond: %s is the gateway's to set", name);
         }
         lua_pop(L, 2);
     }
@@ -400,7 +416,7 @@ sha256(lua_State *L)
     unsigned len = 0;
 
     if (EVP_Digest(s, n, md, &len, EVP_sha256(), NULL) != 1) {
-        return luaL_error(L, "ricochet.sha256: OpenSSL failed");
+        return script_error(L, "ricochet.sha256: OpenSSL failed");
     }
     push_hex(L, md, len);
     return 1;
@@ -416,7 +432,7 @@ hmac_sha256(lua_State *L)
     unsigned len = 0;
 
     if (HMAC(EVP_sha256(), key, (int) kn, (const unsigned char *) s, n, md, &len) == NULL) {
-        return luaL_error(L, "ricochet.hmac_sha256: OpenSSL failed");
+        return script_error(L, "ricochet.hmac_sha256: OpenSSL failed");
     }
     push_hex(L, md, len);
     return 1;

@@ -377,7 +377,8 @@ test_budget_owner(void)
                 "  location /x { proxy_pass http://b; retry_budget off; }\n }\n}\n", err, sizeof(err));
     UNIT_CHECK(conf == NULL);
     snprintf(want, sizeof(want), "%s/t.conf:6: \"retry_budget off\" for upstream \"b\" differs "
-             "from \"retry_budget adaptive max=100 wait=5s\" at %s/t.conf:5: locations that share "
+             "from the default \"retry_budget adaptive max=100 wait=5s\" that the location inherits at "
+             "%s/t.conf:5: locations that share "
              "an upstream share its budget; set retry_budget once, in its upstream block", dir, dir);
     UNIT_CHECK_STR(err, want);
     ric_conf_free(conf);
