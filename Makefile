@@ -6,7 +6,7 @@ BUILD ?= build
 CC ?= cc
 SAN ?=
 
-PKGS := luajit libevent openssl
+PKGS := luajit libevent openssl lmdb hiredis
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -17,7 +17,7 @@ CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanit
 LDFLAGS += -fsanitize=address,undefined
 endif
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -Icore -I$(BUILD) $(PKG_CFLAGS)
-LIBS = $(PKG_LIBS) -lm
+LIBS = $(PKG_LIBS) -lpthread -lm
 
 CORE_SRC := $(filter-out core/main.c,$(wildcard core/*.c))
 CORE_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(CORE_SRC)) $(BUILD)/obj/default_conf.o \

@@ -206,6 +206,10 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
     if (e->attempts_total > e->nattempts) {
         putf(&o, ",\"attempts_total\":%d", e->attempts_total);
     }
+    if (e->idempotency != NULL) {
+        put_lit(&o, ",\"idempotency\":");
+        put_json_cstr(&o, e->idempotency);
+    }
     if (e->not_retried != NULL) {
         put_lit(&o, ",\"not_retried\":");
         put_json_cstr(&o, e->not_retried);

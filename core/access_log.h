@@ -29,6 +29,7 @@ typedef struct {
     int nattempts;
     int attempts_total; /* attempts made, when more than were kept */
     const char *not_retried; /* why the last attempt's failure was final; NULL */
+    const char *idempotency; /* what the idempotency store did (idem.c); NULL */
 } ric_access_entry_t;
 
 /* Opens every access log of conf (done by the master, so workers inherit

@@ -77,6 +77,33 @@ ric_body_append(ric_body_t *b, const u_char *p, size_t n)
     return RIC_OK;
 }
 
+int
+ric_body_each(const ric_body_t *b, void (*fn)(void *ctx, const u_char *p, size_t n), void *ctx)
+{
+    u_char chunk[16384];
+    uint64_t off = 0;
+    ssize_t got;
+
+    if (b->mem_len > 0) {
+        fn(ctx, b->mem, b->mem_len);
+    }
+    while (off < b->file_len) {
+        got = pread(b->fd, chunk, (size_t) ric_min((uint64_t) sizeof(chunk), b->file_len - off),
+                    (off_t) off);
+        if (got == -1 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            ric_log_error(RIC_LOG_CRIT, got == 0 ? 0 : errno,
+                          "cannot read a request body back from its temp file");
+            return RIC_ERROR;
+        }
+        fn(ctx, chunk, (size_t) got);
+        off += (uint64_t) got;
+    }
+    return RIC_OK;
+}
+
 void
 ric_body_reset(ric_body_t *b)
 {

@@ -27,6 +27,12 @@ ric_body_size(const ric_body_t *b)
     return b->mem_len + b->file_len;
 }
 
+/* Calls fn over the body's bytes in order, in pieces (the temp file's
+ * part is read from the page cache). RIC_OK, or RIC_ERROR when the file
+ * cannot be read (logged). */
+int ric_body_each(const ric_body_t *b, void (*fn)(void *ctx, const u_char *p, size_t n),
+                  void *ctx);
+
 /* Releases memory and closes the temp file; the body is empty again. */
 void ric_body_reset(ric_body_t *b);
 

@@ -59,6 +59,12 @@ typedef struct {
     int64_t idempotency_key;            /* RIC_IDEMPOTENCY_* */
     int64_t underscores_in_headers;     /* 1: forward names with '_' */
     int64_t classify_body_max;          /* response body read for a script's classify */
+    int64_t idempotency_ttl;            /* how long a stored answer is replayed */
+    int64_t idempotency_lock_ttl;       /* how long a claim outlives a gateway that died */
+    int64_t idempotency_max_body;       /* larger answers are kept as "done" only */
+    int64_t idempotency_required;       /* 1: 400 for an unsafe method without a key */
+    int64_t idempotency_store_failure;  /* RIC_IDEM_FAIL_CLOSED | _OPEN (idem.h) */
+    int64_t idempotency_sync;           /* 1: a claim is on disk before the request goes on */
 } ric_http_settings_t;
 
 #define RIC_IDEMPOTENCY_OFF 0
@@ -118,6 +124,7 @@ typedef struct {
     char *retry_attempt_header; /* "" when off */
     ric_budget_conf_t *retry_budget; /* its upstream's, unless the upstream block sets one */
     struct ric_script_s *script;     /* the route script (script.h); NULL: none */
+    struct ric_idem_store_conf_s *idempotency_store; /* idem_store.h; kind OFF: off */
 } ric_http_refs_t;
 
 struct ric_location_conf_s {
@@ -204,6 +211,7 @@ struct ric_http_conf_s {
     ric_upstream_conf_t *upstreams;
     int nupstreams;
     ric_access_log_t *access_logs; /* every distinct destination */
+    struct ric_idem_store_conf_s *idem_stores; /* every distinct idempotency store */
 };
 
 /* An address every worker accepts on: the union of the servers' listens. */

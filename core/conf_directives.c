@@ -1,5 +1,7 @@
 /* conf_directives.c: the directive table, its handlers, defaults and inheritance. */
 #include "conf_parse.h"
+#include "idem.h"
+#include "idem_store.h"
 #include "script.h"
 #include "backoff.h"
 #include "retry.h"
@@ -1032,6 +1034,157 @@ set_idempotency_key(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return NULL;
 }
 
+/* The part of "redis://HOST[:PORT][/DB]" after the scheme, resolved now
+ * (the worker's loop must never wait on a resolver). NULL or a reason. */
+static const char *
+parse_redis(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, ric_idem_store_conf_t *sc,
+            const char *rest)
+{
+    struct addrinfo hints, *res;
+    const char *slash = strchr(rest, '/'), *colon;
+    char host[256], port[16] = "6379";
+    int64_t n;
+    size_t hlen;
+    int rc;
+
+    hlen = slash ? (size_t) (slash - rest) : strlen(rest);
+    colon = memchr(rest, ':', hlen);
+    if (colon != NULL) {
+        if ((size_t) (rest + hlen - colon - 1) >= sizeof(port) || colon + 1 == rest + hlen) {
+            goto bad;
+        }
+        memcpy(port, colon + 1, (size_t) (rest + hlen - colon - 1));
+        port[rest + hlen - colon - 1] = '\0';
+        hlen = (size_t) (colon - rest);
+    }
+    if (hlen == 0 || hlen >= sizeof(host) || ric_conf_parse_number(port, &n) != RIC_OK
+        || n < 1 || n > 65535) {
+        goto bad;
+    }
+    memcpy(host, rest, hlen);
+    host[hlen] = '\0';
+    sc->port = (int) n;
+    if (slash != NULL && slash[1] != '\0') {
+        if (ric_conf_parse_number(slash + 1, &n) != RIC_OK || n > 1000000) {
+            goto bad;
+        }
+        sc->db = (int) n;
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if ((rc = getaddrinfo(host, port, &hints, &res)) != 0) {
+        return ric_conf_reason(cf, "host not found in \"%s\" of \"%s\": %s", cf->args[1],
+                               cmd->name, gai_strerror(rc));
+    }
+    if (res->ai_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *) res->ai_addr)->sin6_addr, sc->addr,
+                  sizeof(sc->addr));
+    } else {
+        inet_ntop(AF_INET, &((struct sockaddr_in *) res->ai_addr)->sin_addr, sc->addr,
+                  sizeof(sc->addr));
+    }
+    freeaddrinfo(res);
+    sc->host = ric_pstrdup(cf->pool, host);
+    return NULL;
+bad:
+    return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected redis://HOST:PORT[/DB]",
+                           cf->args[1], cmd->name);
+}
+
+/* idempotency_store off | lmdb:PATH [size=SIZE] | redis://HOST:PORT[/DB].
+ * Routes naming the same store share it; an LMDB file is opened now, so
+ * a path that cannot be used is this line's error. */
+static const char *
+set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    ric_idem_store_conf_t *sc, *same;
+    const char *dup = ref_duplicate(cf, cmd), *a = cf->args[1], *reason;
+    char err[1024];
+    int64_t size = 1LL << 30;
+
+    (void) conf;
+    if (dup != NULL) {
+        return dup;
+    }
+    sc = ric_pcalloc(cf->pool, sizeof(*sc));
+    sc->file = cf->file;
+    sc->line = cf->line;
+    if (strcmp(a, "off") == 0) {
+        if (cf->nargs > 2) {
+            return ric_conf_reason(cf, "\"%s off\" takes no options", cmd->name);
+        }
+        sc->kind = RIC_IDEM_STORE_OFF;
+        *(ric_idem_store_conf_t **) ref_at(cf, cmd) = sc;
+        return NULL;
+    }
+    if (strncmp(a, "lmdb:", 5) == 0 && a[5] != '\0') {
+        sc->kind = RIC_IDEM_STORE_LMDB;
+        sc->path = ric_conf_full_path(cf->pool, cf->conf->prefix, a + 5);
+        if (cf->nargs > 2) {
+            if (strncmp(cf->args[2], "size=", 5) != 0
+                || ric_conf_parse_size(cf->args[2] + 5, &size) != RIC_OK || size < 32 * 1024) {
+                return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected size=SIZE of at "
+                                       "least 32k", cf->args[2], cmd->name);
+            }
+        }
+        sc->map_size = size;
+        sc->spec = ric_pstrdup(cf->pool, a);
+    } else if (strncmp(a, "redis://", 8) == 0) {
+        if (cf->nargs > 2) {
+            return ric_conf_reason(cf, "a redis:// store takes no options: \"%s\"", cf->args[2]);
+        }
+        sc->kind = RIC_IDEM_STORE_REDIS;
+        if ((reason = parse_redis(cf, cmd, sc, a + 8)) != NULL) {
+            return reason;
+        }
+        sc->spec = ric_pstrdup(cf->pool, a);
+    } else {
+        return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected off, lmdb:PATH or "
+                               "redis://HOST:PORT[/DB]", a, cmd->name);
+    }
+    for (same = http->idem_stores; same; same = same->next) {
+        if (same->kind != sc->kind) {
+            continue;
+        }
+        if (sc->kind == RIC_IDEM_STORE_LMDB ? strcmp(same->path, sc->path) == 0
+                                            : strcmp(same->spec, sc->spec) == 0) {
+            if (sc->kind == RIC_IDEM_STORE_LMDB && same->map_size != sc->map_size) {
+                return ric_conf_reason(cf, "\"%s\" is named with another size= in %s:%d", a,
+                                       same->file, same->line);
+            }
+            *(ric_idem_store_conf_t **) ref_at(cf, cmd) = same;
+            return NULL;
+        }
+    }
+    if (ric_idem_store_check(sc, err, sizeof(err)) != RIC_OK) {
+        return ric_conf_reason(cf, "idempotency store \"%s\": %s", a, err);
+    }
+    sc->next = http->idem_stores;
+    http->idem_stores = sc;
+    *(ric_idem_store_conf_t **) ref_at(cf, cmd) = sc;
+    return NULL;
+}
+
+static const char *
+set_store_failure(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = check_unset(cf, cmd, conf);
+
+    if (dup) {
+        return dup;
+    }
+    if (strcmp(cf->args[1], "closed") == 0) {
+        *field_at(conf, cmd) = RIC_IDEM_FAIL_CLOSED;
+    } else if (strcmp(cf->args[1], "open") == 0) {
+        *field_at(conf, cmd) = RIC_IDEM_FAIL_OPEN;
+    } else {
+        return bad_value(cf, cmd, "it must be \"closed\" or \"open\"");
+    }
+    return NULL;
+}
+
 static const char *
 set_retry_on(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -1194,6 +1347,25 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "off | on | auto: the route's upstream honours idempotency keys" },
     { "idempotency_key_header", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_header_name,
       REFS(idempotency_key_header), "Idempotency-Key", "the idempotency key's header" },
+    { "idempotency_store", SETTINGS_CTX, RIC_CONF_TAKE12 | RIC_CONF_REF, set_idempotency_store,
+      REFS(idempotency_store), "off",
+      "off | lmdb:PATH [size=SIZE] | redis://HOST:PORT[/DB]: dedupe keyed requests at the gateway" },
+    { "idempotency_ttl", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
+      SETTINGS(idempotency_ttl), "24h", "how long a stored answer is replayed for its key" },
+    { "idempotency_lock_ttl", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
+      SETTINGS(idempotency_lock_ttl), "60s",
+      "how long a key in flight stays locked if its gateway dies (never below retry_timeout)" },
+    { "idempotency_max_body", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
+      SETTINGS(idempotency_max_body), "1m",
+      "largest answer body stored for replay; a larger answer is kept as done, not replayable" },
+    { "idempotency_required", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag,
+      SETTINGS(idempotency_required), "off",
+      "on: 400 for a request of an unsafe method without an idempotency key" },
+    { "idempotency_store_failure", SETTINGS_CTX, RIC_CONF_TAKE1, set_store_failure,
+      SETTINGS(idempotency_store_failure), "closed",
+      "closed | open: when the store is unreachable, answer 503, or pass on without dedupe" },
+    { "idempotency_sync", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag, SETTINGS(idempotency_sync),
+      "off", "on: an LMDB claim is on disk before the request goes upstream" },
     { NULL, 0, 0, NULL, 0, NULL, NULL }
 };
 

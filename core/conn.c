@@ -77,15 +77,27 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
         return;
     }
     if (c->r != NULL) {
+        if (end == RIC_END_CLIENT_GONE && !c->orphan && ric_request_outlive(c->r)) {
+            /* the socket goes now; the connection, which the request
+             * reads its head from, when the request ends */
+            c->orphan = 1;
+            event_free(c->rev);
+            event_free(c->wev);
+            c->rev = c->wev = NULL;
+            ric_io_close(&c->io);
+            return;
+        }
         /* the request's finalize comes back here with c->r cleared */
         ric_request_finalize(c->r, end);
         return;
     }
     ric_log_debug("closing connection from %s", c->peer);
     c->closed = 1;
-    event_free(c->rev);
-    event_free(c->wev);
-    ric_io_close(&c->io);
+    if (!c->orphan) {
+        event_free(c->rev);
+        event_free(c->wev);
+        ric_io_close(&c->io);
+    }
     ric_worker_conn_closed(c->worker, c);
     if (c->running == 0) {
         conn_free(c);
@@ -381,6 +393,12 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
     struct timeval tv;
 
     *taken = 0;
+    if (c->orphan) {
+        /* nobody to send to: the request goes on for its own sake */
+        c->out.len = c->out_sent = 0;
+        *taken = n;
+        return RIC_OK;
+    }
     for (;;) {
         head_left = c->out.len - c->out_sent;
         if (head_left == 0 && *taken == n) {
@@ -474,6 +492,10 @@ void
 ric_conn_request_done(ric_conn_t *c, ric_request_end_t end)
 {
     c->r = NULL;
+    if (c->orphan) {
+        ric_conn_close(c);
+        return;
+    }
     event_del(c->wev);
     if (end == RIC_END_CLIENT_GONE || end == RIC_END_SHUTDOWN) {
         ric_conn_close(c);

@@ -67,6 +67,7 @@ struct ric_conn_s {
 
     int running;           /* entries on the stack */
     int closed;            /* closed; freed when running drops to 0 */
+    int orphan;            /* the client left, its request goes on: no socket */
     int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
 
     ric_conn_t *prev, *next; /* worker's list */

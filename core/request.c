@@ -1,6 +1,7 @@
 /* request.c: a request's phases in order, its resume after a suspension, and the one finalize every ending goes through. */
 #include "request.h"
 #include "headers.h"
+#include "idem.h"
 #include "log.h"
 #include "respond.h"
 #include "route.h"
@@ -12,11 +13,10 @@
 static int phase_route(ric_request_t *r);
 static int phase_on_request(ric_request_t *r);
 static int phase_body(ric_request_t *r);
-static int phase_idempotency(ric_request_t *r);
 
 /* DESIGN §2, in order; LOG is the finalize itself. */
 static int (*const phases[])(ric_request_t *r) = {
-    phase_route, phase_body, phase_on_request, phase_idempotency, ric_attempts_phase,
+    phase_route, phase_body, phase_on_request, ric_idem_phase, ric_attempts_phase,
     ric_respond_phase
 };
 
@@ -120,6 +120,19 @@ ric_request_run(ric_request_t *r)
     } else if (r->phase == RIC_PHASE_LOG) {
         ric_request_finalize(r, RIC_END_ANSWERED);
     }
+}
+
+int
+ric_request_outlive(ric_request_t *r)
+{
+    if (!r->outlives_client || !r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM
+        || r->own_answer || (r->phase != RIC_PHASE_ATTEMPTS && r->phase != RIC_PHASE_RESPOND)) {
+        return 0;
+    }
+    r->client_left = 1;
+    ric_log_error(RIC_LOG_INFO, 0, "the client left; its keyed request goes on so that its "
+                  "answer is kept for the key, client: %s", r->c->peer);
+    return 1;
 }
 
 void
@@ -302,14 +315,6 @@ phase_body(ric_request_t *r)
     return r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM ? RIC_OK : RIC_AGAIN;
 }
 
-/* The idempotency store's lookup runs here (issue 10). */
-static int
-phase_idempotency(ric_request_t *r)
-{
-    (void) r;
-    return RIC_OK;
-}
-
 /* --- what the connection tells ---------------------------------------------- */
 
 int
@@ -412,8 +417,8 @@ ric_request_final_status(const ric_request_t *r)
 {
     /* no answer began: 499 when the client left, as nginx logs it; 503
      * when the worker stopped under it */
-    return r->responding ? r->status
-           : r->end == RIC_END_CLIENT_GONE ? 499
+    return r->client_left || (!r->responding && r->end == RIC_END_CLIENT_GONE) ? 499
+           : r->responding ? r->status
            : r->end == RIC_END_SHUTDOWN ? 503 : r->status;
 }
 

@@ -99,14 +99,30 @@ struct ric_request_s {
     const char *script_key;    /* req:set_idempotency_key (pool) */
     int script_key_removed;    /* req:set_header(key field, nil): the client's key is not sent */
     int script_status;         /* req:respond's status; 0: it did not answer */
-    ric_str_t script_headers;  /* its fields, "Name: value\r\n" each (pool) */
-    ric_str_t script_body;     /* (pool) */
-    int script_typed;          /* its fields have a Content-Type */
+
+    /* an own answer with fields and a body of its own (a script's
+     * req:respond, a replayed or problem answer of the idempotency store) */
+    int own_custom;
+    ric_str_t own_fields;      /* "Name: value\r\n" each (pool) */
+    ric_str_t own_body;        /* (pool) */
+    int own_typed;             /* own_fields have a Content-Type */
+
+    struct ric_idem_s *idem;   /* the idempotency store's state (idem.c); NULL: none */
+    /* the answer's body as relayed, for whoever keeps a copy (idem.c):
+     * called once with NULL when the head is out, then with each piece */
+    void (*tap)(ric_request_t *r, const u_char *p, size_t n);
+    int outlives_client;       /* the exchange goes on when the client leaves */
+    int client_left;           /* ...and it left: the answer goes nowhere */
 };
 
 /* A new request on c, whose head is parsed in c->msg, or refused with
  * error_status (400, 408, 414, 431, 501, 505). Never NULL. */
 ric_request_t *ric_request_create(ric_conn_t *c, int error_status);
+
+/* The client left (its connection closed): whether r goes on without it
+ * (outlives_client, once its body is all here and the attempts began);
+ * its answer then goes nowhere and it ends as any request does. */
+int ric_request_outlive(ric_request_t *r);
 
 /* Runs the phases as far as they go. */
 void ric_request_run(ric_request_t *r);

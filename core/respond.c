@@ -7,8 +7,9 @@
 
 #include <stdio.h>
 
-/* The gateway's own answer, with a short text body; or a route script's
- * (req:respond), with its fields and body. */
+/* The gateway's own answer, with a short text body; or one with fields
+ * and a body of its own (a script's req:respond, the idempotency store's
+ * replay or problem). */
 static void
 own_head(ric_request_t *r)
 {
@@ -21,11 +22,11 @@ own_head(ric_request_t *r)
     int hlen, keep = ric_conn_keepalive(c);
     ric_str_t fields = ric_null_string;
 
-    if (r->script_status != 0) {
-        fields = r->script_headers;
-        b = r->script_body.data;
-        blen = r->script_body.len;
-        if (r->script_typed) {
+    if (r->own_custom) {
+        fields = r->own_fields;
+        b = r->own_body.data;
+        blen = r->own_body.len;
+        if (r->own_typed) {
             type = "";
         }
     } else {
@@ -122,6 +123,9 @@ ric_respond_phase(ric_request_t *r)
         } else {
             r->status = r->answer->client.resp.status;
             upstream_head(r);
+            if (r->tap != NULL) {
+                r->tap(r, NULL, 0);
+            }
         }
     }
     if (r->answer == NULL) {
@@ -129,6 +133,9 @@ ric_respond_phase(ric_request_t *r)
     } else {
         h = &r->answer->client;
         rc = ric_conn_write(r->c, h->buf + h->relay_start, h->relay_end - h->relay_start, &taken);
+        if (r->tap != NULL && taken > 0) {
+            r->tap(r, h->buf + h->relay_start, taken);
+        }
         ric_http1_consumed(h, taken);
         if (rc == RIC_AGAIN) {
             /* a slow client: stop reading the upstream until it drains, so
@@ -144,7 +151,10 @@ ric_respond_phase(ric_request_t *r)
     if (rc == RIC_ERROR) {
         ric_log_error(RIC_LOG_INFO, 0, "the client went away while being sent the answer, "
                       "client: %s", r->c->peer);
-        ric_request_finalize(r, RIC_END_CLIENT_GONE);
+        ric_conn_close(r->c); /* the request ends, unless it outlives its client */
+        if (r->client_left) {
+            ric_request_resume(r); /* the rest goes nowhere, but goes */
+        }
         return RIC_AGAIN;
     }
     return rc;

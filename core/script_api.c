@@ -299,7 +299,7 @@ req_respond(lua_State *L)
         return script_error(L, "req:respond: a body of %d bytes is over the %d a script may send",
                           (int) ric_min(blen, (size_t) INT32_MAX), RESPOND_MAX_BODY);
     }
-    r->script_typed = 0;
+    r->own_typed = 0;
     n = (int) lua_objlen(L, 2);
     /* checked whole first: an error leaves nothing allocated behind */
     for (i = 1; i + 1 <= n; i += 2) {
@@ -322,7 +322,7 @@ req_respond(lua_State *L)
         lua_rawgeti(L, 2, i + 1);
         name = lua_tolstring(L, -2, &nlen);
         value = lua_tolstring(L, -1, &vlen);
-        r->script_typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
+        r->own_typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
         ric_buf_put(&h, name, nlen);
         ric_buf_puts(&h, ": ");
         ric_buf_put(&h, value, vlen);
@@ -330,10 +330,10 @@ req_respond(lua_State *L)
         lua_pop(L, 2);
     }
     r->script_status = status;
-    r->script_headers.data = (const u_char *) (h.len ? pool_copy(r, (char *) h.data, h.len) : "");
-    r->script_headers.len = h.len;
-    r->script_body.data = (const u_char *) pool_copy(r, body, blen);
-    r->script_body.len = blen;
+    r->own_fields.data = (const u_char *) (h.len ? pool_copy(r, (char *) h.data, h.len) : "");
+    r->own_fields.len = h.len;
+    r->own_body.data = (const u_char *) pool_copy(r, body, blen);
+    r->own_body.len = blen;
     ric_buf_free(&h);
     return 0;
 }
@@ -506,6 +506,7 @@ ric_script_api_respond(ric_request_t *r)
     if (r->script_status == 0) {
         return 0;
     }
+    r->own_custom = 1;
     ric_request_answer(r, r->script_status, 0);
     return 1;
 }

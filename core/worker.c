@@ -2,6 +2,7 @@
 #include "worker.h"
 #include "access_log.h"
 #include "conn.h"
+#include "idem_store.h"
 #include "log.h"
 
 #include <errno.h>
@@ -222,6 +223,10 @@ ric_worker_run(ric_conf_t *conf)
     }
     w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
     w->upstreams = ric_upstream_init_all(conf, w->base);
+    if (conf->http != NULL) {
+        /* after fork: LMDB environments and Redis connections are per process */
+        ric_idem_store_open_all(conf->http->idem_stores, w->base);
+    }
     accept_enable(w, 1);
 
     event_base_dispatch(w->base);
@@ -236,6 +241,9 @@ ric_worker_run(ric_conf_t *conf)
     w->shutting_down = 1; /* closing the rest must not re-enable accepting */
     while ((c = w->conns) != NULL) {
         ric_conn_stop(c);
+    }
+    if (conf->http != NULL) {
+        ric_idem_store_close_all(conf->http->idem_stores);
     }
     ric_upstream_free_all(w->upstreams, conf->http ? conf->http->nupstreams : 0);
     for (i = 0; i < w->naccept; i++) {

@@ -1149,4 +1149,81 @@ function H.start_gateway(opts)
     return gw
 end
 
+---------------------------------------------------------------------------
+-- Redis: a private redis-server on an ephemeral loopback port
+---------------------------------------------------------------------------
+
+local Redis = setmetatable({}, { __index = Proc })
+Redis.__index = Redis
+
+local function redis_spawn(r)
+    local argv = { os.getenv("REDIS_SERVER") or "redis-server", "--port", tostring(r.port),
+        "--bind", LOOPBACK, "--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no",
+        "--protected-mode", "no" }
+    local pid, err = spawn({ argv = argv, stdout = r.dir .. "/redis.log", stderr = "stdout" })
+    if not pid then error(err, 3) end
+    r.pid, r.exit_code = pid, nil
+    live_procs[r] = true
+    local up = H.wait_until(function()
+        if not r:alive() then return "exited" end
+        if accepts(r.port) then return "ready" end
+    end, 5)
+    if up ~= "ready" then
+        local log = read_file(r.dir .. "/redis.log") or ""
+        r:terminate(2)
+        error("redis-server did not start: " .. tostring(up) .. "\n" .. log, 3)
+    end
+end
+
+-- Starts redis-server (opts.port: default a free one); :stop() ends it, :restart() stops it and starts it again
+-- on the same port (its data is gone: nothing is saved), :command(...) sends one command and returns the reply
+-- line(s) as a string.
+function H.start_redis(opts)
+    opts = opts or {}
+    local r = setmetatable({ dir = mkdtemp("redis"), port = opts.port or H.free_port() }, Redis)
+    redis_spawn(r)
+    r.addr = LOOPBACK .. ":" .. r.port
+    return r
+end
+
+function Redis:restart()
+    self:terminate(3)
+    redis_spawn(self)
+end
+
+function Redis:stop()
+    if self.stopped then return end
+    self:terminate(3)
+    self.stopped = true
+    rm_rf(self.dir)
+end
+
+-- One RESP command; the raw reply, read until it is whole enough for a test (bounded by a 2 s timeout).
+function Redis:command(...)
+    local args = { ... }
+    local out = { "*" .. #args .. "\r\n" }
+    for _, a in ipairs(args) do
+        a = tostring(a)
+        out[#out + 1] = "$" .. #a .. "\r\n" .. a .. "\r\n"
+    end
+    local s = socket.tcp()
+    s:settimeout(2)
+    assert(s:connect(LOOPBACK, self.port))
+    assert(s:send(table.concat(out)))
+    local line = s:receive("*l")
+    local reply = line
+    if line and line:sub(1, 1) == "*" then
+        local parts = {}
+        for _ = 1, tonumber(line:sub(2)) or 0 do
+            local len = s:receive("*l")
+            parts[#parts + 1] = len and s:receive("*l") or nil
+        end
+        reply = parts
+    elseif line and line:sub(1, 1) == "$" and tonumber(line:sub(2)) >= 0 then
+        reply = s:receive(tonumber(line:sub(2)) + 2)
+    end
+    s:close()
+    return reply
+end
+
 return H

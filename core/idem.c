@@ -1,0 +1,438 @@
+/* idem.c: the idempotency phase (claim a key, or replay / 409 / 422 from the store), the copy of the answer as it is relayed, and the settle at finalize. */
+#include "idem.h"
+#include "idem_store.h"
+#include "headers.h"
+#include "log.h"
+#include "request.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+
+#define KEY_MAX_LEN 255 /* as Stripe's keys: longer is a client's mistake */
+
+typedef struct ric_idem_s {
+    ric_idem_store_conf_t *sc;
+    ric_idem_op_t op;
+    int held;          /* the key is ours until settled */
+    u_char key[RIC_IDEM_KEY_LEN]; /* the record's: route and client key */
+    u_char fp[32];     /* the request's fingerprint */
+    u_char token[RIC_IDEM_TOKEN_LEN];
+    u_char lock[RIC_IDEM_REC_HEAD];
+    /* the answer, as the client got it */
+    int captured;      /* its head was seen */
+    int status;
+    ric_buf_t fields;
+    ric_buf_t body;
+    int too_large;     /* its body passed idempotency_max_body: not kept */
+    int dechunk;       /* the relayed bytes are chunked: decoded for keeping */
+    ric_http_chunked_t chunked;
+} ric_idem_t;
+
+/* --- answers -------------------------------------------------------------- */
+
+/* An RFC 9457 problem answer. */
+static int
+problem(ric_request_t *r, int status, const char *type, const char *title, const char *detail)
+{
+    static const char ctype[] = "Content-Type: application/problem+json\r\n";
+    char body[1024];
+    int n;
+
+    n = snprintf(body, sizeof(body),
+                 "{\"type\":\"urn:ricochet:problem:%s\",\"title\":\"%s\",\"status\":%d,"
+                 "\"detail\":\"%s\"}\n", type, title, status, detail);
+    n = ric_min(n, (int) sizeof(body) - 1);
+    r->own_custom = 1;
+    r->own_typed = 1;
+    r->own_fields.data = (const u_char *) ctype;
+    r->own_fields.len = sizeof(ctype) - 1;
+    r->own_body.data = (const u_char *) ric_pstrndup(r->pool, body, (size_t) n);
+    r->own_body.len = (size_t) n;
+    return ric_request_answer(r, status, 0);
+}
+
+/* The stored answer, as it was, marked replayed. */
+static int
+replay(ric_request_t *r, const u_char *rec, size_t len)
+{
+    static const char mark[] = "Idempotent-Replayed: true\r\n";
+    const u_char *p = rec + RIC_IDEM_REC_HEAD;
+    size_t flen;
+    int status;
+    u_char *fields;
+
+    if (len < RIC_IDEM_REC_HEAD + 6) {
+        return RIC_ERROR;
+    }
+    status = (p[0] << 8) | p[1];
+    flen = ((size_t) p[2] << 24) | ((size_t) p[3] << 16) | ((size_t) p[4] << 8) | p[5];
+    p += 6;
+    if (status < 100 || status > 599 || flen > len - RIC_IDEM_REC_HEAD - 6) {
+        return RIC_ERROR;
+    }
+    fields = ric_palloc(r->pool, flen + sizeof(mark) - 1);
+    memcpy(fields, p, flen);
+    memcpy(fields + flen, mark, sizeof(mark) - 1);
+    r->own_custom = 1;
+    r->own_typed = 1; /* the upstream's fields, Content-Type or not */
+    r->own_fields.data = fields;
+    r->own_fields.len = flen + sizeof(mark) - 1;
+    p += flen;
+    r->own_body.data = (const u_char *) ric_pstrndup(r->pool, (const char *) p, (size_t) (rec + len - p));
+    r->own_body.len = (size_t) (rec + len - p);
+    return ric_request_answer(r, status, 0);
+}
+
+/* --- the key and the fingerprint ------------------------------------------- */
+
+/* The request's key: its script's, else the client's field. 1: in *key;
+ * 0: none; -1: unusable (two fields, or too long: *why says). */
+static int
+request_key(ric_request_t *r, ric_str_t *key, const char **why)
+{
+    const char *field = r->location->refs.idempotency_key_header;
+
+    if (r->script_key != NULL) {
+        key->data = (const u_char *) r->script_key;
+        key->len = strlen(r->script_key);
+    } else if (r->script_key_removed) {
+        return 0;
+    } else {
+        *key = ric_headers_find(r->c->in, r->msg, field);
+        if (key->data == NULL || key->len == 0) {
+            return 0;
+        }
+        if (ric_headers_count(r->c->in, r->msg, field) > 1) {
+            *why = "the request has more than one idempotency key field";
+            return -1;
+        }
+    }
+    if (key->len > KEY_MAX_LEN) {
+        *why = "the idempotency key is longer than 255 bytes";
+        return -1;
+    }
+    return 1;
+}
+
+static void
+digest_piece(void *ctx, const u_char *p, size_t n)
+{
+    EVP_DigestUpdate(ctx, p, n);
+}
+
+/* The record's key: the route (the server's first name and the location)
+ * and the client's key, so that routes never share records. The
+ * fingerprint: method, target and body, as the draft asks. */
+static int
+digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    const ric_http_msg_t *m = r->msg;
+    const ric_server_conf_t *s = r->server;
+    ric_str_t method = ric_request_span(r, m->method_off, m->method_len);
+    ric_str_t target = ric_request_span(r, m->target_off, m->target_len);
+    const char *name = s->nnames > 0 ? s->names[0] : "";
+    char streamed[64];
+    int rc = RIC_ERROR, n;
+
+    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        goto done;
+    }
+    EVP_DigestUpdate(ctx, name, strlen(name) + 1);
+    EVP_DigestUpdate(ctx, r->location->path, strlen(r->location->path) + 1);
+    EVP_DigestUpdate(ctx, r->location->exact ? "=" : "~", 1);
+    EVP_DigestUpdate(ctx, key.data, key.len);
+    if (EVP_DigestFinal_ex(ctx, d->key, NULL) != 1
+        || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        goto done;
+    }
+    EVP_DigestUpdate(ctx, method.data, method.len);
+    EVP_DigestUpdate(ctx, "", 1);
+    EVP_DigestUpdate(ctx, target.data, target.len);
+    EVP_DigestUpdate(ctx, "", 1);
+    if (r->body_mode == RIC_REQ_BODY_STREAM) {
+        /* too large to hold (retry_body_max): known by its length only */
+        n = snprintf(streamed, sizeof(streamed), "streamed %llu",
+                     (unsigned long long) m->content_length);
+        EVP_DigestUpdate(ctx, streamed, (size_t) n);
+    } else if (ric_body_each(&r->body, digest_piece, ctx) != RIC_OK) {
+        goto done;
+    }
+    if (EVP_DigestFinal_ex(ctx, d->fp, NULL) == 1) {
+        rc = RIC_OK;
+    }
+done:
+    EVP_MD_CTX_free(ctx);
+    return rc;
+}
+
+static void
+record_head(u_char *rec, int state, const ric_idem_t *d, int64_t ttl_ms)
+{
+    rec[0] = (u_char) state;
+    ric_idem_put64(rec + RIC_IDEM_REC_EXPIRES, (uint64_t) (ric_idem_wall_ms() + ttl_ms));
+    memcpy(rec + RIC_IDEM_REC_FP, d->fp, sizeof(d->fp));
+    memcpy(rec + RIC_IDEM_REC_TOKEN, d->token, RIC_IDEM_TOKEN_LEN);
+}
+
+/* The lock lives at least as long as the route may keep trying. */
+static int64_t
+lock_ttl(const ric_request_t *r)
+{
+    return ric_max(r->settings->idempotency_lock_ttl, r->settings->retry_timeout);
+}
+
+/* --- the copy of the answer ------------------------------------------------ */
+
+static void
+keep_body(ric_idem_t *d, const ric_request_t *r, const u_char *p, size_t n)
+{
+    if (d->too_large) {
+        return;
+    }
+    if (d->body.len + n > (uint64_t) r->settings->idempotency_max_body) {
+        d->too_large = 1; /* completed, but only "done" is kept */
+        ric_buf_free(&d->body);
+        return;
+    }
+    ric_buf_put(&d->body, p, n);
+}
+
+static void
+tap(ric_request_t *r, const u_char *p, size_t n)
+{
+    ric_idem_t *d = r->idem;
+    ric_http1_t *h = &r->answer->client;
+    const ric_http_msg_t *m = &h->resp;
+    const u_char *end, *data;
+    size_t dlen;
+    unsigned i;
+
+    if (p == NULL) {
+        /* the head: the upstream's end-to-end fields, less what the
+         * gateway sets itself when it answers */
+        d->captured = 1;
+        d->status = m->status;
+        d->dechunk = m->body == RIC_BODY_CHUNKED && !h->dechunk;
+        ric_http_chunked_init(&d->chunked);
+        for (i = 0; i < m->nfields; i++) {
+            ric_str_t name = ric_field_name(h->buf, m, i);
+            if (ric_headers_hop_by_hop(h->buf, m, name)
+                || ric_str_eq_lower(name, "transfer-encoding")
+                || ric_str_eq_lower(name, "content-length") || ric_str_eq_lower(name, "date")
+                || ric_str_eq_lower(name, "server")) {
+                continue;
+            }
+            ric_buf_put(&d->fields, name.data, name.len);
+            ric_buf_put(&d->fields, ": ", 2);
+            ric_buf_put(&d->fields, h->buf + m->fields[i].value_off, m->fields[i].value_len);
+            ric_buf_put(&d->fields, "\r\n", 2);
+        }
+        return;
+    }
+    if (!d->dechunk) {
+        keep_body(d, r, p, n);
+        return;
+    }
+    end = p + n;
+    while (ric_http_chunked_next(&d->chunked, &p, end, &data, &dlen) == RIC_OK) {
+        keep_body(d, r, data, dlen);
+    }
+}
+
+/* --- settling at finalize ---------------------------------------------------- */
+
+static void
+store_answer(ric_request_t *r, ric_idem_t *d, int bare)
+{
+    ric_buf_t rec = { NULL, 0, 0 };
+    u_char head[RIC_IDEM_REC_HEAD], sizes[6];
+    size_t flen = d->fields.len;
+
+    record_head(head, bare ? RIC_IDEM_DONE_BARE : RIC_IDEM_DONE, d,
+                r->settings->idempotency_ttl);
+    ric_buf_put(&rec, head, sizeof(head));
+    if (!bare) {
+        sizes[0] = (u_char) (d->status >> 8);
+        sizes[1] = (u_char) d->status;
+        sizes[2] = (u_char) (flen >> 24);
+        sizes[3] = (u_char) (flen >> 16);
+        sizes[4] = (u_char) (flen >> 8);
+        sizes[5] = (u_char) flen;
+        ric_buf_put(&rec, sizes, sizeof(sizes));
+        ric_buf_put(&rec, d->fields.data, flen);
+        ric_buf_put(&rec, d->body.data, d->body.len);
+    }
+    ric_idem_store_settle(d->sc->store, d->key, d->token, rec.data, rec.len,
+                          r->settings->idempotency_ttl);
+    ric_buf_free(&rec);
+    r->log.idempotency = bare ? "stored_bare" : "stored";
+}
+
+/* A final answer from the upstream is kept; a retryable failure (a 5xx,
+ * a 429, a failure the retries could not mend, no answer at all) lets the
+ * key go, so the client may try again. A request cut off by a stopping
+ * worker keeps its lock until idempotency_lock_ttl: nobody knows whether
+ * the upstream did it. */
+static void
+settle_cleanup(void *data)
+{
+    ric_request_t *r = data;
+    ric_idem_t *d = r->idem;
+    int retryable;
+
+    if (d->held && d->captured) {
+        retryable = d->status >= 500 || d->status == 429 || r->not_retried != RIC_RETRY_YES;
+        if (retryable) {
+            ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
+            r->log.idempotency = "released";
+        } else {
+            /* an answer broken off on its way still happened upstream */
+            store_answer(r, d, d->too_large || r->end != RIC_END_ANSWERED);
+        }
+    } else if (d->held && r->end == RIC_END_ANSWERED) {
+        /* the gateway's own answer (502, 504...): the upstream gave none */
+        ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
+        r->log.idempotency = "released";
+    } else if (d->held) {
+        ric_log_error(RIC_LOG_WARN, 0, "a keyed request ended before its answer (%s): its key "
+                      "stays locked for idempotency_lock_ttl, client: %s",
+                      r->end == RIC_END_SHUTDOWN ? "the worker stopped" : "the client left",
+                      r->c->peer);
+        r->log.idempotency = "left_locked";
+    }
+    ric_buf_free(&d->fields);
+    ric_buf_free(&d->body);
+    ric_buf_free(&d->op.found);
+}
+
+/* --- the phase ----------------------------------------------------------------- */
+
+static void
+on_claimed(ric_idem_op_t *op)
+{
+    ric_request_t *r = op->data;
+
+    ric_request_async_end(r, &op->async);
+    ric_request_resume(r);
+}
+
+/* The store's answer to the claim. */
+static int
+decide(ric_request_t *r, ric_idem_t *d)
+{
+    const u_char *rec = d->op.found.data;
+    size_t len = d->op.found.len;
+
+    switch (d->op.rc) {
+    case RIC_IDEM_CLAIMED:
+        d->held = 1;
+        r->tap = tap;
+        /* a client that gives up does not stop what it started: the
+         * answer is still kept, for its next try */
+        r->outlives_client = 1;
+        r->log.idempotency = "claimed";
+        return RIC_OK;
+    case RIC_IDEM_FOUND:
+        break;
+    default:
+        if (r->settings->idempotency_store_failure == RIC_IDEM_FAIL_OPEN) {
+            ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s: passing the request "
+                          "on without dedupe (idempotency_store_failure open), client: %s",
+                          d->sc->spec, d->op.error, r->c->peer);
+            r->log.idempotency = "store_failed_open";
+            return RIC_OK;
+        }
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s: answering 503 "
+                      "(idempotency_store_failure closed), client: %s", d->sc->spec,
+                      d->op.error, r->c->peer);
+        r->log.idempotency = "store_failed";
+        return problem(r, 503, "idempotency-store-unavailable", "Idempotency store unavailable",
+                       "The gateway cannot check this idempotency key now; nothing was sent. "
+                       "Retry the request later with the same key.");
+    }
+    if (memcmp(rec + RIC_IDEM_REC_FP, d->fp, sizeof(d->fp)) != 0) {
+        r->log.idempotency = "mismatch";
+        return problem(r, 422, "idempotency-key-reused", "Idempotency key reused",
+                       "This idempotency key was used for a different request (method, path, "
+                       "query or body). Use a new key for a new request.");
+    }
+    switch (rec[0]) {
+    case RIC_IDEM_LOCKED:
+        r->log.idempotency = "in_flight";
+        return problem(r, 409, "idempotency-key-in-use", "Request in progress",
+                       "A request with this idempotency key is being processed. Retry later "
+                       "with the same key to get its answer.");
+    case RIC_IDEM_DONE:
+        if (replay(r, rec, len) == RIC_DONE) {
+            r->log.idempotency = "replayed";
+            return RIC_DONE;
+        }
+        break;
+    case RIC_IDEM_DONE_BARE:
+        r->log.idempotency = "not_replayable";
+        return problem(r, 409, "idempotency-answer-not-stored", "Request already completed",
+                       "A request with this idempotency key completed, but its answer was too "
+                       "large to keep (idempotency_max_body), so it cannot be replayed.");
+    }
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": a record that cannot be read, "
+                  "client: %s", d->sc->spec, r->c->peer);
+    snprintf(d->op.error, sizeof(d->op.error), "a record that cannot be read");
+    d->op.rc = RIC_ERROR;
+    return decide(r, d);
+}
+
+int
+ric_idem_phase(ric_request_t *r)
+{
+    const ric_http_settings_t *s = r->settings;
+    ric_idem_store_conf_t *sc;
+    ric_idem_t *d = r->idem;
+    ric_str_t key;
+    const char *why = NULL;
+    int rc;
+
+    if (d != NULL) {
+        return d->op.async.pending ? RIC_AGAIN : decide(r, d);
+    }
+    if (r->up == NULL || ric_retry_method_idempotent((int) r->msg->method)
+        || r->script_idempotent > 0) {
+        return RIC_OK; /* safe to repeat: nothing to dedupe */
+    }
+    rc = request_key(r, &key, &why);
+    if (rc < 0) {
+        r->log.idempotency = "bad_key";
+        return problem(r, 400, "idempotency-key-invalid", "Invalid idempotency key", why);
+    }
+    if (rc == 0) {
+        if (s->idempotency_required) {
+            r->log.idempotency = "missing";
+            return problem(r, 400, "idempotency-key-missing", "Idempotency key missing",
+                           "This endpoint needs an idempotency key for this method: send the "
+                           "request again with one.");
+        }
+        return RIC_OK;
+    }
+    sc = r->location->refs.idempotency_store;
+    if (sc == NULL || sc->kind == RIC_IDEM_STORE_OFF) {
+        return RIC_OK;
+    }
+    d = ric_pcalloc(r->pool, sizeof(*d));
+    d->sc = sc;
+    if (digest(r, d, key) != RIC_OK || RAND_bytes(d->token, sizeof(d->token)) != 1) {
+        return ric_request_answer(r, 500, 0);
+    }
+    r->idem = d;
+    ric_request_cleanup_add(r, settle_cleanup, r);
+    record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
+    d->op.done = on_claimed;
+    d->op.data = r;
+    rc = ric_idem_store_claim(sc->store, d->key, d->lock, sizeof(d->lock), lock_ttl(r),
+                              s->idempotency_sync == 1, &d->op);
+    if (rc == RIC_AGAIN) {
+        ric_request_async_begin(r, &d->op.async);
+        return RIC_AGAIN;
+    }
+    return decide(r, d);
+}

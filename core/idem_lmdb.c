@@ -1,0 +1,404 @@
+/* idem_lmdb.c: the embedded idempotency store: one LMDB file shared by every worker, short write transactions on the loop, fsync on a thread. */
+#include "idem_store.h"
+#include "log.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define SWEEP_EVERY_MS 1000 /* expired records are swept, and the file flushed, this often */
+#define SWEEP_AT_ONCE 256   /* records looked at per sweep: one short transaction */
+
+typedef struct {
+    ric_idem_store_t base;
+    MDB_env *env;
+    MDB_dbi dbi;
+    struct event *tick;   /* the sweep and the periodic flush */
+    struct event *synced; /* the flusher finished one: efd is readable */
+    int efd;
+    int dirty;            /* written since the last flush was asked */
+    u_char sweep_from[RIC_IDEM_KEY_LEN]; /* where the next sweep starts */
+    int sweep_has;
+
+    /* the flusher thread: mdb_env_sync off the loop */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t want_gen, done_gen; /* flushes asked / done */
+    int sync_err;
+    int stop;
+    ric_idem_op_t *waiting; /* durable claims waiting for their flush */
+} lmdb_store_t;
+
+static void *
+flusher(void *arg)
+{
+    lmdb_store_t *s = arg;
+    uint64_t gen, one = 1;
+    int rc;
+
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->stop && s->want_gen == s->done_gen) {
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
+        if (s->want_gen == s->done_gen) {
+            break; /* stopping, and nothing is left to flush */
+        }
+        gen = s->want_gen;
+        pthread_mutex_unlock(&s->mu);
+        rc = mdb_env_sync(s->env, 1);
+        pthread_mutex_lock(&s->mu);
+        s->done_gen = gen;
+        s->sync_err = rc;
+        if (write(s->efd, &one, sizeof(one)) < 0) {
+            /* the counter is full: the loop has wake-ups enough */
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Asks for a flush of everything committed so far; returns its number. */
+static uint64_t
+flush_ask(lmdb_store_t *s)
+{
+    uint64_t gen;
+
+    s->dirty = 0;
+    pthread_mutex_lock(&s->mu);
+    gen = ++s->want_gen;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return gen;
+}
+
+static void
+on_synced(evutil_socket_t fd, short what, void *arg)
+{
+    lmdb_store_t *s = arg;
+    uint64_t n, done;
+    int err;
+    ric_idem_op_t *op, **pp;
+
+    (void) what;
+    if (read(fd, &n, sizeof(n)) < 0) {
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    done = s->done_gen;
+    err = s->sync_err;
+    pthread_mutex_unlock(&s->mu);
+    if (err != 0) {
+        ric_log_error(RIC_LOG_CRIT, 0, "idempotency store \"%s\": flushing to disk failed: %s",
+                      s->base.conf->spec, mdb_strerror(err));
+    }
+    /* one at a time from the head: a done() may cancel others */
+    for (;;) {
+        for (pp = &s->waiting; *pp && (*pp)->sync_gen > done; pp = &(*pp)->next) {
+        }
+        if ((op = *pp) == NULL) {
+            break;
+        }
+        *pp = op->next;
+        op->next = NULL;
+        if (err != 0) {
+            snprintf(op->error, sizeof(op->error), "flushing the lock to disk failed: %s",
+                     mdb_strerror(err));
+        }
+        op->rc = err != 0 ? RIC_ERROR : RIC_IDEM_CLAIMED;
+        op->done(op);
+    }
+}
+
+static void
+cancel_wait(ric_async_t *a)
+{
+    ric_idem_op_t *op = a->data, **pp;
+    lmdb_store_t *s = (lmdb_store_t *) op->store;
+
+    for (pp = &s->waiting; *pp; pp = &(*pp)->next) {
+        if (*pp == op) {
+            *pp = op->next;
+            break;
+        }
+    }
+    op->next = NULL;
+}
+
+/* Looks at up to SWEEP_AT_ONCE records from where the last sweep ended
+ * and deletes the expired ones. Returns how many it deleted. */
+static int
+sweep(lmdb_store_t *s, int at_once)
+{
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    int rc, seen = 0, gone = 0;
+    int64_t now = ric_idem_wall_ms();
+
+    if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
+        return 0;
+    }
+    if (mdb_cursor_open(txn, s->dbi, &cur) != 0) {
+        mdb_txn_abort(txn);
+        return 0;
+    }
+    k.mv_data = s->sweep_from;
+    k.mv_size = sizeof(s->sweep_from);
+    rc = mdb_cursor_get(cur, &k, &v, s->sweep_has ? MDB_SET_RANGE : MDB_FIRST);
+    while (rc == 0 && seen++ < at_once) {
+        if (v.mv_size < RIC_IDEM_REC_HEAD
+            || (int64_t) ric_idem_get64((const u_char *) v.mv_data + RIC_IDEM_REC_EXPIRES) <= now) {
+            if (mdb_cursor_del(cur, 0) == 0) {
+                gone++;
+            }
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+    }
+    s->sweep_has = rc == 0 && k.mv_size == sizeof(s->sweep_from);
+    if (s->sweep_has) {
+        memcpy(s->sweep_from, k.mv_data, sizeof(s->sweep_from));
+    }
+    mdb_cursor_close(cur);
+    if (mdb_txn_commit(txn) != 0) {
+        return 0;
+    }
+    if (gone > 0) {
+        s->dirty = 1;
+    }
+    return gone;
+}
+
+static void
+on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    lmdb_store_t *s = arg;
+
+    (void) fd;
+    (void) what;
+    sweep(s, SWEEP_AT_ONCE);
+    if (s->dirty) {
+        flush_ask(s); /* idempotency_sync off: at most this much is not on disk */
+    }
+}
+
+ric_idem_store_t *
+ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t errlen)
+{
+    lmdb_store_t *s = ric_xcalloc(1, sizeof(*s));
+    MDB_txn *txn;
+    struct timeval tv;
+    int rc, dead;
+
+    s->base.kind = RIC_IDEM_STORE_LMDB;
+    s->base.conf = sc;
+    s->efd = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if ((rc = mdb_env_create(&s->env)) != 0) {
+        goto failed;
+    }
+    if ((rc = mdb_env_set_mapsize(s->env, (size_t) sc->map_size)) != 0) {
+        goto failed;
+    }
+    /* one file, shared by every worker; fsync is ours to schedule */
+    rc = mdb_env_open(s->env, sc->path, MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC, 0600);
+    if (rc != 0) {
+        goto failed;
+    }
+    mdb_reader_check(s->env, &dead); /* slots of readers that were killed */
+    if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+        goto failed;
+    }
+    if ((rc = mdb_dbi_open(txn, NULL, 0, &s->dbi)) != 0 || (rc = mdb_txn_commit(txn)) != 0) {
+        if (rc != 0 && txn != NULL) {
+            mdb_txn_abort(txn);
+        }
+        goto failed;
+    }
+    if (base == NULL) {
+        return &s->base; /* the master's check: no loop, no thread */
+    }
+    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->efd == -1 || pthread_create(&s->thread, NULL, flusher, s) != 0) {
+        rc = errno;
+        goto failed;
+    }
+    s->thread_started = 1;
+    s->synced = event_new(base, s->efd, EV_READ | EV_PERSIST, on_synced, s);
+    event_add(s->synced, NULL);
+    s->tick = event_new(base, -1, EV_PERSIST, on_tick, s);
+    tv = ric_ms_to_tv(SWEEP_EVERY_MS);
+    event_add(s->tick, &tv);
+    return &s->base;
+
+failed:
+    snprintf(err, errlen, "cannot open LMDB file \"%s\": %s", sc->path, mdb_strerror(rc));
+    ric_idem_lmdb_close(&s->base);
+    return NULL;
+}
+
+void
+ric_idem_lmdb_close(ric_idem_store_t *base)
+{
+    lmdb_store_t *s = (lmdb_store_t *) base;
+
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->want_gen++; /* a last flush on the way out */
+        s->stop = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->tick != NULL) {
+        event_free(s->tick);
+    }
+    if (s->synced != NULL) {
+        event_free(s->synced);
+    }
+    if (s->efd != -1) {
+        close(s->efd);
+    }
+    if (s->env != NULL) {
+        mdb_env_close(s->env);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+static const char *
+write_failure(lmdb_store_t *s, int rc, char *buf, size_t len)
+{
+    if (rc == MDB_MAP_FULL) {
+        snprintf(buf, len, "the LMDB map of %lld bytes is full (raise size= of "
+                 "idempotency_store, or lower idempotency_ttl)",
+                 (long long) s->base.conf->map_size);
+    } else {
+        snprintf(buf, len, "writing to \"%s\" failed: %s", s->base.conf->path,
+                 mdb_strerror(rc));
+    }
+    return buf;
+}
+
+/* One write transaction: the live record under key into found (FOUND), or
+ * rec put in place (CLAIMED); an LMDB error code otherwise. */
+static int
+claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t *found)
+{
+    MDB_txn *txn;
+    MDB_val k, v;
+    int rc;
+
+    if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+        return rc;
+    }
+    k.mv_data = (void *) key;
+    k.mv_size = RIC_IDEM_KEY_LEN;
+    rc = mdb_get(txn, s->dbi, &k, &v);
+    if (rc == 0 && v.mv_size >= RIC_IDEM_REC_HEAD
+        && (int64_t) ric_idem_get64((const u_char *) v.mv_data + RIC_IDEM_REC_EXPIRES)
+               > ric_idem_wall_ms()) {
+        ric_buf_put(found, v.mv_data, v.mv_size);
+        mdb_txn_abort(txn);
+        return RIC_IDEM_FOUND;
+    }
+    v.mv_data = rec;
+    v.mv_size = len;
+    if ((rc = mdb_put(txn, s->dbi, &k, &v, 0)) != 0) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0) {
+        return rc;
+    }
+    return RIC_IDEM_CLAIMED;
+}
+
+int
+ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size_t len,
+                    int durable, ric_idem_op_t *op)
+{
+    lmdb_store_t *s = (lmdb_store_t *) base;
+    int rc = claim_txn(s, key, rec, len, &op->found);
+
+    if (rc == MDB_MAP_FULL && sweep(s, 1 << 20) > 0) {
+        rc = claim_txn(s, key, rec, len, &op->found); /* expired records made room */
+    }
+    if (rc == RIC_IDEM_FOUND) {
+        return op->rc = rc;
+    }
+    if (rc != RIC_IDEM_CLAIMED) {
+        write_failure(s, rc, op->error, sizeof(op->error));
+        return op->rc = RIC_ERROR;
+    }
+    s->dirty = 1;
+    if (!durable || !s->thread_started) {
+        return op->rc = RIC_IDEM_CLAIMED;
+    }
+    /* the lock counts once it is on disk: the flusher says when */
+    op->sync_gen = flush_ask(s);
+    op->next = s->waiting;
+    s->waiting = op;
+    op->async.cancel = cancel_wait;
+    op->async.data = op;
+    return RIC_AGAIN;
+}
+
+void
+ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
+                     const u_char *rec, size_t len)
+{
+    lmdb_store_t *s = (lmdb_store_t *) base;
+    MDB_txn *txn;
+    MDB_val k, v;
+    char why[256];
+    u_char bare[RIC_IDEM_REC_HEAD];
+    int rc, tries;
+
+    for (tries = 0; tries < 3; tries++) {
+        if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+            break;
+        }
+        k.mv_data = (void *) key;
+        k.mv_size = RIC_IDEM_KEY_LEN;
+        rc = mdb_get(txn, s->dbi, &k, &v);
+        if (rc != 0 || v.mv_size < RIC_IDEM_REC_HEAD
+            || memcmp((const u_char *) v.mv_data + RIC_IDEM_REC_TOKEN, token,
+                      RIC_IDEM_TOKEN_LEN) != 0) {
+            mdb_txn_abort(txn); /* gone, or claimed again since: not ours */
+            return;
+        }
+        if (rec == NULL) {
+            rc = mdb_del(txn, s->dbi, &k, NULL);
+        } else {
+            v.mv_data = (void *) rec;
+            v.mv_size = len;
+            rc = mdb_put(txn, s->dbi, &k, &v, 0);
+        }
+        if (rc != 0) {
+            mdb_txn_abort(txn);
+        } else if ((rc = mdb_txn_commit(txn)) == 0) {
+            s->dirty = 1;
+            return;
+        }
+        if (rc != MDB_MAP_FULL) {
+            break;
+        }
+        if (sweep(s, 1 << 20) == 0 && rec != NULL && len > RIC_IDEM_REC_HEAD) {
+            /* no room for the answer: at least the request stays done */
+            memcpy(bare, rec, RIC_IDEM_REC_HEAD);
+            bare[0] = RIC_IDEM_DONE_BARE;
+            rec = bare;
+            len = sizeof(bare);
+        }
+    }
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s", s->base.conf->spec,
+                  write_failure(s, rc, why, sizeof(why)));
+}

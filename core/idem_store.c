@@ -1,0 +1,127 @@
+/* idem_store.c: opening the idempotency stores in a worker, and the one claim/settle interface over LMDB and Redis. */
+#include "idem_store.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <time.h>
+
+int64_t
+ric_idem_wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+ric_idem_put64(u_char *p, uint64_t v)
+{
+    int i;
+
+    for (i = 7; i >= 0; i--) {
+        p[i] = (u_char) (v & 0xff);
+        v >>= 8;
+    }
+}
+
+uint64_t
+ric_idem_get64(const u_char *p)
+{
+    uint64_t v = 0;
+    int i;
+
+    for (i = 0; i < 8; i++) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+int
+ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
+{
+    ric_idem_store_t *s;
+
+    if (sc->kind != RIC_IDEM_STORE_LMDB) {
+        return RIC_OK; /* Redis may come up after us: the gateway reconnects */
+    }
+    s = ric_idem_lmdb_open(sc, NULL, err, errlen);
+    if (s == NULL) {
+        return RIC_ERROR;
+    }
+    ric_idem_lmdb_close(s);
+    return RIC_OK;
+}
+
+void
+ric_idem_store_open_all(ric_idem_store_conf_t *list, struct event_base *base)
+{
+    ric_idem_store_conf_t *sc;
+    char err[512];
+
+    for (sc = list; sc; sc = sc->next) {
+        switch (sc->kind) {
+        case RIC_IDEM_STORE_LMDB:
+            sc->store = ric_idem_lmdb_open(sc, base, err, sizeof(err));
+            if (sc->store == NULL) {
+                ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\" is unusable: %s",
+                              sc->spec, err);
+            }
+            break;
+        case RIC_IDEM_STORE_REDIS:
+            sc->store = ric_idem_redis_open(sc, base);
+            break;
+        case RIC_IDEM_STORE_OFF:
+            break;
+        }
+    }
+}
+
+void
+ric_idem_store_close_all(ric_idem_store_conf_t *list)
+{
+    ric_idem_store_conf_t *sc;
+
+    for (sc = list; sc; sc = sc->next) {
+        if (sc->store == NULL) {
+            continue;
+        }
+        if (sc->kind == RIC_IDEM_STORE_LMDB) {
+            ric_idem_lmdb_close(sc->store);
+        } else {
+            ric_idem_redis_close(sc->store);
+        }
+        sc->store = NULL;
+    }
+}
+
+int
+ric_idem_store_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t len,
+                     int64_t ttl_ms, int durable, ric_idem_op_t *op)
+{
+    op->store = s;
+    op->found.len = 0;
+    op->error[0] = '\0';
+    if (s == NULL) {
+        snprintf(op->error, sizeof(op->error), "the store could not be opened");
+        return op->rc = RIC_ERROR;
+    }
+    if (s->kind == RIC_IDEM_STORE_LMDB) {
+        return ric_idem_lmdb_claim(s, key, rec, len, durable, op);
+    }
+    return ric_idem_redis_claim(s, key, rec, len, ttl_ms, op);
+}
+
+void
+ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
+                      const u_char *rec, size_t len, int64_t ttl_ms)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->kind == RIC_IDEM_STORE_LMDB) {
+        ric_idem_lmdb_settle(s, key, token, rec, len);
+    } else {
+        ric_idem_redis_settle(s, key, token, rec, len, ttl_ms);
+    }
+}

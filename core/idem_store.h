@@ -1,0 +1,142 @@
+/* idem_store.h: the idempotency stores (LMDB, Redis) behind one interface: claim a key or read its record, then settle it. */
+#ifndef RIC_IDEM_STORE_H
+#define RIC_IDEM_STORE_H
+
+#include "ric_core.h"
+
+#include <event2/event.h>
+#include <sys/socket.h>
+
+typedef enum {
+    RIC_IDEM_STORE_OFF = 0,
+    RIC_IDEM_STORE_LMDB,
+    RIC_IDEM_STORE_REDIS
+} ric_idem_store_kind_t;
+
+typedef struct ric_idem_store_s ric_idem_store_t;
+typedef struct ric_idem_store_conf_s ric_idem_store_conf_t;
+typedef struct ric_idem_op_s ric_idem_op_t;
+
+/* One `idempotency_store` value; routes naming the same store share one. */
+struct ric_idem_store_conf_s {
+    ric_idem_store_kind_t kind;
+    char *spec;          /* as written: "lmdb:/var/lib/ricochet/idem.mdb", "redis://..." */
+    char *path;          /* LMDB: the data file (its lock file is PATH-lock) */
+    int64_t map_size;    /* LMDB: the map's size in bytes (size=) */
+    char *host;          /* Redis: as written */
+    char addr[64];       /* Redis: the numeric address it resolved to */
+    int port;
+    int db;
+    const char *file;    /* where it was first named, for errors */
+    int line;
+    ric_idem_store_t *store; /* this worker's open store (opened after fork) */
+    ric_idem_store_conf_t *next;
+};
+
+/*
+ * A record, as both stores keep it (one byte string): a fixed head, then
+ * for a completed, replayable answer its status, fields and body.
+ *   [0]      state: RIC_IDEM_LOCKED, _DONE (replayable) or _DONE_BARE
+ *   [1..8]   expires, Unix milliseconds, big-endian (LMDB checks it; Redis
+ *            has its own TTL)
+ *   [9..40]  the request's fingerprint (SHA-256)
+ *   [41..56] the token of the request that claimed it: only that request
+ *            may settle it
+ *   [57..]   _DONE: status (2 bytes), fields length (4), fields, body
+ */
+#define RIC_IDEM_LOCKED 'L'
+#define RIC_IDEM_DONE 'D'
+#define RIC_IDEM_DONE_BARE 'N' /* completed, but its answer was too large to keep */
+#define RIC_IDEM_REC_EXPIRES 1
+#define RIC_IDEM_REC_FP 9
+#define RIC_IDEM_REC_TOKEN 41
+#define RIC_IDEM_TOKEN_LEN 16
+#define RIC_IDEM_REC_HEAD 57
+#define RIC_IDEM_KEY_LEN 32
+
+/* A store that does not answer within this long counts as unreachable. */
+#define RIC_IDEM_STORE_TIMEOUT_MS 1000
+
+/* The common head of every open store (each kind's struct starts with it). */
+struct ric_idem_store_s {
+    ric_idem_store_kind_t kind;
+    ric_idem_store_conf_t *conf;
+};
+
+/* What a claim found. */
+#define RIC_IDEM_CLAIMED 1 /* no live record: ours (the lock) is written */
+#define RIC_IDEM_FOUND 2   /* a live record: in op->found */
+
+/* One claim of a request. The caller owns it (in the request's pool) and
+ * sets done and data; found and error are filled by the store. */
+struct ric_idem_op_s {
+    ric_async_t async; /* the request's pending operation while RIC_AGAIN */
+    void (*done)(ric_idem_op_t *op);
+    void *data;
+    int rc;            /* RIC_IDEM_CLAIMED, RIC_IDEM_FOUND or RIC_ERROR */
+    ric_buf_t found;   /* the record found (heap: the caller frees it) */
+    char error[200];   /* why, when RIC_ERROR */
+    /* the store's */
+    ric_idem_store_t *store;
+    void *pending;     /* Redis: the command in flight */
+    struct event *timer;
+    uint64_t sync_gen; /* LMDB: the flush that makes the lock durable */
+    ric_idem_op_t *next;
+};
+
+/* Checks that a store can be used (LMDB: opens, creates the file, and
+ * closes it again), in the master before any worker starts. RIC_OK, or
+ * RIC_ERROR with a reason in err. */
+int ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen);
+
+/* Opens every store of the list in this worker, on its loop. A store that
+ * cannot be opened is logged and answers every claim with RIC_ERROR (the
+ * routes' idempotency_store_failure decides). */
+void ric_idem_store_open_all(ric_idem_store_conf_t *list, struct event_base *base);
+
+/* Closes them (flushing LMDB). */
+void ric_idem_store_close_all(ric_idem_store_conf_t *list);
+
+/*
+ * Claims key: when no live record is under it, writes rec (a lock, whose
+ * expires field says when it lapses; ttl_ms is the same span for stores
+ * that keep their own TTLs) and answers RIC_IDEM_CLAIMED; else copies the
+ * live record into op->found and answers RIC_IDEM_FOUND; RIC_ERROR when
+ * the store cannot be reached or written (op->error says why). RIC_AGAIN:
+ * the answer comes later in op->rc through op->done, unless the request
+ * cancels op->async first. durable: the lock is on disk before it counts
+ * (LMDB's idempotency_sync on).
+ */
+int ric_idem_store_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t len,
+                         int64_t ttl_ms, int durable, ric_idem_op_t *op);
+
+/* Replaces the record under key by rec (ttl_ms), or removes it (rec NULL),
+ * if it still holds token: a lock that lapsed and was claimed again is
+ * someone else's. Done in the background; failures are logged. */
+void ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
+                           const u_char *rec, size_t len, int64_t ttl_ms);
+
+/* The stores' own parts (idem_lmdb.c, idem_redis.c). */
+ric_idem_store_t *ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base,
+                                     char *err, size_t errlen);
+void ric_idem_lmdb_close(ric_idem_store_t *s);
+int ric_idem_lmdb_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t len,
+                        int durable, ric_idem_op_t *op);
+void ric_idem_lmdb_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
+                          const u_char *rec, size_t len);
+
+ric_idem_store_t *ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base);
+void ric_idem_redis_close(ric_idem_store_t *s);
+int ric_idem_redis_claim(ric_idem_store_t *s, const u_char *key, const u_char *rec, size_t len,
+                         int64_t ttl_ms, ric_idem_op_t *op);
+void ric_idem_redis_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
+                           const u_char *rec, size_t len, int64_t ttl_ms);
+
+/* The wall clock in milliseconds (records outlive processes and hosts). */
+int64_t ric_idem_wall_ms(void);
+
+/* Big-endian helpers for the record's fields. */
+void ric_idem_put64(u_char *p, uint64_t v);
+uint64_t ric_idem_get64(const u_char *p);
+
+#endif /* RIC_IDEM_STORE_H */
