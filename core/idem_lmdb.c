@@ -174,6 +174,20 @@ sweep(lmdb_store_t *s, int at_once)
     return gone;
 }
 
+/* A full map: expired records go now. Pages a transaction frees are
+ * reusable only two commits later (LMDB keeps the previous snapshot), so
+ * the sweep is two transactions: what the first one frees serves the
+ * claim after them. Returns whether anything was freed. */
+static int
+make_room(lmdb_store_t *s)
+{
+    int gone;
+
+    s->sweep_has = 0;
+    gone = sweep(s, 1);
+    return gone + sweep(s, 1 << 20) > 0;
+}
+
 static void
 on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -328,8 +342,8 @@ ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size
     lmdb_store_t *s = (lmdb_store_t *) base;
     int rc = claim_txn(s, key, rec, len, &op->found);
 
-    if (rc == MDB_MAP_FULL && sweep(s, 1 << 20) > 0) {
-        rc = claim_txn(s, key, rec, len, &op->found); /* expired records made room */
+    if (rc == MDB_MAP_FULL && make_room(s)) {
+        rc = claim_txn(s, key, rec, len, &op->found);
     }
     if (rc == RIC_IDEM_FOUND) {
         return op->rc = rc;
@@ -391,7 +405,7 @@ ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *to
         if (rc != MDB_MAP_FULL) {
             break;
         }
-        if (sweep(s, 1 << 20) == 0 && rec != NULL && len > RIC_IDEM_REC_HEAD) {
+        if (!make_room(s) && rec != NULL && len > RIC_IDEM_REC_HEAD) {
             /* no room for the answer: at least the request stays done */
             memcpy(bare, rec, RIC_IDEM_REC_HEAD);
             bare[0] = RIC_IDEM_DONE_BARE;

@@ -46,6 +46,8 @@ typedef struct {
     struct event *connect_timer; /* a connect that takes too long */
     int64_t retry_ms;            /* the current backoff window */
     int failures;                /* connects failed in a row (logged once) */
+    int inflight;                /* commands sent and not answered */
+    int closing;                 /* the worker exits: answers are awaited, then no reconnect */
     char claim_sha[41], settle_sha[41];
 } redis_store_t;
 
@@ -121,7 +123,12 @@ on_disconnect(const redisAsyncContext *ac, int status)
     redis_store_t *s = ac->data;
 
     if (s == NULL) {
-        return; /* closing */
+        return; /* freed while closing */
+    }
+    if (s->closing) {
+        s->ac = NULL;
+        event_base_loopbreak(s->ev); /* every answer is in */
+        return;
     }
     if (status != REDIS_OK) {
         ric_log_error(s->failures++ == 0 ? RIC_LOG_ERR : RIC_LOG_INFO, 0,
@@ -205,11 +212,35 @@ ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base)
     return &s->base;
 }
 
+static void
+on_close_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    redis_store_t *s = arg;
+
+    (void) fd;
+    (void) what;
+    event_base_loopbreak(s->ev);
+}
+
 void
 ric_idem_redis_close(ric_idem_store_t *base)
 {
     redis_store_t *s = (redis_store_t *) base;
+    struct event *limit;
+    struct timeval tv;
 
+    if (s->ac != NULL && s->state == REDIS_UP && s->inflight > 0) {
+        /* the last answers' settles must land, or their keys would stay
+         * locked until idempotency_lock_ttl: wait for them, briefly */
+        s->closing = 1;
+        event_del(s->retry_timer);
+        redisAsyncDisconnect(s->ac); /* after the pending replies */
+        limit = evtimer_new(s->ev, on_close_timeout, s);
+        tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);
+        event_add(limit, &tv);
+        event_base_dispatch(s->ev);
+        event_free(limit);
+    }
     if (s->ac != NULL) {
         s->ac->data = NULL;
         redisAsyncFree(s->ac); /* pending callbacks run now, with no reply */
@@ -300,6 +331,7 @@ send_command(pending_t *p)
 static void
 pending_free(pending_t *p)
 {
+    p->s->inflight--;
     free(p->arg);
     free(p);
 }
@@ -311,6 +343,7 @@ pending_new(redis_store_t *s, const u_char *key, const u_char *arg, size_t len, 
     int i;
 
     p->s = s;
+    s->inflight++;
     memcpy(p->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
     for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
         snprintf(p->key + sizeof(KEY_PREFIX) - 1 + 2 * i, 3, "%02x", key[i]);

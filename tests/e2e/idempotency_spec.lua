@@ -61,6 +61,7 @@ http {
         location /lock/ { idempotency_lock_ttl 1s; retry_timeout 1s; proxy_pass http://up; }
         location /keyed/ { idempotency_key on; retry_attempts 3; proxy_pass http://up; }
         location /nostore/ { idempotency_store off; proxy_pass http://up; }
+        location /sync/ { idempotency_sync on; proxy_pass http://up; }
     }
 }
 ]]
@@ -272,6 +273,17 @@ describe("the LMDB idempotency store", function()
         assert.equal(2, #up:hits())
     end)
 
+    it("flushes a claim to disk first with idempotency_sync on, and dedupes as ever", function()
+        up:program({ default = { status = 201, body = "synced" } })
+        local key = new_key()
+        for _ = 1, 3 do
+            local r = assert(post(gw.port, "/sync/pay", key))
+            assert.equal(201, r.status, ctx(gw))
+            assert.equal("synced", r.body)
+        end
+        assert.equal(1, #up:hits())
+    end)
+
     it("leaves routes with idempotency_store off alone", function()
         local key = new_key()
         assert.equal(200, assert(post(gw.port, "/nostore/pay", key)).status)
@@ -376,6 +388,24 @@ describe("the Redis idempotency store", function()
         assert.equal(1, #up:hits())
         local log = gw1:log()
         assert.truthy(log:find("connected again"), ctx(gw1))
+    end)
+
+    it("settles the last answers before a stopping gateway exits", function()
+        assert.truthy(wait_redis_ready(), ctx(gw1))
+        up:reset()
+        up:program({ default = { status = 201, body = "kept" } })
+        local keys = {}
+        for i = 1, 5 do
+            keys[i] = new_key()
+            assert.equal(201, assert(post(gw1.port, "/pay", keys[i], "{}")).status)
+        end
+        gw1:stop()
+        for i = 1, 5 do
+            local r = assert(post(gw2.port, "/pay", keys[i], "{}"))
+            assert.equal("true", r.headers["idempotent-replayed"], ctx(gw2, "key " .. i))
+        end
+        assert.equal(5, #up:hits())
+        gw1 = H.start_gateway({ conf = REDIS_CONF, upstream = up, vars = { REDIS = redis.port } })
     end)
 end)
 

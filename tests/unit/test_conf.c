@@ -1,5 +1,7 @@
 /* test_conf.c: the config grammar, values, defaults, inheritance and every kind of error. */
 #include "../../core/conf.c"
+#include "idem.h"
+#include "idem_store.h"
 #include "unit.h"
 
 #include <stdio.h>
@@ -128,6 +130,80 @@ test_errors(void)
     check_error("header timeout in location",
                 "http {\n server {\n  listen 80;\n  location / {\n   client_header_timeout 1s;\n"
                 "  }\n }\n}\n", 5, "\"client_header_timeout\" directive is not allowed here");
+}
+
+/* idempotency_store values, sharing, defaults and inheritance. */
+static void
+test_idempotency(void)
+{
+    char err[1024], text[2048];
+    ric_conf_t *conf;
+    ric_location_conf_t *a, *b, *c;
+
+    UNIT_CASE("idempotency defaults");
+    conf = load("http { server { listen 127.0.0.1:1; location / { proxy_pass http://127.0.0.1:2; } } }\n",
+                err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        a = conf->http->servers->locations;
+        UNIT_CHECK(a->refs.idempotency_store != NULL
+                   && a->refs.idempotency_store->kind == RIC_IDEM_STORE_OFF);
+        UNIT_CHECK(a->settings.idempotency_ttl == 24 * 3600 * 1000LL);
+        UNIT_CHECK(a->settings.idempotency_lock_ttl == 60000);
+        UNIT_CHECK(a->settings.idempotency_max_body == 1048576);
+        UNIT_CHECK(a->settings.idempotency_required == 0);
+        UNIT_CHECK(a->settings.idempotency_store_failure == RIC_IDEM_FAIL_CLOSED);
+        UNIT_CHECK(a->settings.idempotency_sync == 0);
+        UNIT_CHECK(conf->http->idem_stores == NULL);
+    }
+    ric_conf_free(conf);
+
+    UNIT_CASE("one store shared, inherited, and off below");
+    snprintf(text, sizeof(text),
+             "http {\n idempotency_store lmdb:%s/i.mdb size=64k;\n server {\n listen 127.0.0.1:1;\n"
+             "  location /a { proxy_pass http://127.0.0.1:2; }\n"
+             "  location /b { idempotency_store lmdb:i.mdb size=64k; idempotency_store_failure open;"
+             " proxy_pass http://127.0.0.1:2; }\n"
+             "  location /c { idempotency_store off; proxy_pass http://127.0.0.1:2; }\n"
+             "  location /r { idempotency_store redis://127.0.0.1:6390/2; proxy_pass http://127.0.0.1:2; }\n"
+             " }\n}\n", dir);
+    conf = load(text, err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        a = conf->http->servers->locations;
+        b = a->next;
+        c = b->next;
+        UNIT_CHECK(a->refs.idempotency_store == b->refs.idempotency_store);
+        UNIT_CHECK(a->refs.idempotency_store->kind == RIC_IDEM_STORE_LMDB);
+        UNIT_CHECK(a->refs.idempotency_store->map_size == 65536);
+        UNIT_CHECK(b->settings.idempotency_store_failure == RIC_IDEM_FAIL_OPEN);
+        UNIT_CHECK(c->refs.idempotency_store->kind == RIC_IDEM_STORE_OFF);
+        UNIT_CHECK(c->next->refs.idempotency_store->kind == RIC_IDEM_STORE_REDIS);
+        UNIT_CHECK(c->next->refs.idempotency_store->port == 6390);
+        UNIT_CHECK(c->next->refs.idempotency_store->db == 2);
+        UNIT_CHECK_STR(c->next->refs.idempotency_store->addr, "127.0.0.1");
+    }
+    ric_conf_free(conf);
+
+    check_error("store value", "http {\n idempotency_store memcached://x;\n}\n", 2,
+                "invalid value \"memcached://x\" in \"idempotency_store\": expected off, lmdb:PATH or "
+                "redis://HOST:PORT[/DB]");
+    check_error("redis port", "http {\n idempotency_store redis://127.0.0.1:0;\n}\n", 2,
+                "invalid \"redis://127.0.0.1:0\" in \"idempotency_store\": expected "
+                "redis://HOST:PORT[/DB]");
+    check_error("redis db", "http {\n idempotency_store redis://127.0.0.1:6379/x;\n}\n", 2,
+                "invalid \"redis://127.0.0.1:6379/x\" in \"idempotency_store\": expected "
+                "redis://HOST:PORT[/DB]");
+    check_error("lmdb size", "http {\n idempotency_store lmdb:x.mdb size=1k;\n}\n", 2,
+                "invalid \"size=1k\" in \"idempotency_store\": expected size=SIZE of at least 32k");
+    check_error("lmdb dir", "http {\n idempotency_store lmdb:/nonexistent/x.mdb;\n}\n", 2,
+                "idempotency store \"lmdb:/nonexistent/x.mdb\": cannot open LMDB file "
+                "\"/nonexistent/x.mdb\": No such file or directory");
+    check_error("store failure", "http {\n idempotency_store_failure maybe;\n}\n", 2,
+                "invalid value \"maybe\" in \"idempotency_store_failure\" directive, it must be "
+                "\"closed\" or \"open\"");
+    check_error("off with options", "http {\n idempotency_store off size=1m;\n}\n", 2,
+                "\"idempotency_store off\" takes no options");
 }
 
 static void
@@ -429,6 +505,7 @@ main(void)
     test_values();
     test_errors();
     test_budget_owner();
+    test_idempotency();
     test_include();
     test_grammar_and_inheritance();
     rc = UNIT_DONE("conf");

@@ -1,0 +1,180 @@
+/* test_idem_lmdb.c: the LMDB store on a real file: claim, found, settle by the lock's holder only, expiry, a full map, the sweep, and two environments on one file. */
+#include "../../core/idem_lmdb.c"
+#include "unit.h"
+
+#include <stdio.h>
+
+static char dir[256];
+
+static ric_idem_store_conf_t
+conf_for(const char *name, int64_t size)
+{
+    ric_idem_store_conf_t sc;
+    static char path[2][512];
+    static int n;
+
+    memset(&sc, 0, sizeof(sc));
+    sc.kind = RIC_IDEM_STORE_LMDB;
+    n = (n + 1) % 2;
+    snprintf(path[n], sizeof(path[n]), "%s/%s", dir, name);
+    sc.path = path[n];
+    sc.spec = path[n];
+    sc.map_size = size;
+    return sc;
+}
+
+static void
+make_record(u_char *rec, int state, u_char token, int64_t ttl_ms)
+{
+    memset(rec, 0, RIC_IDEM_REC_HEAD);
+    rec[0] = (u_char) state;
+    ric_idem_put64(rec + RIC_IDEM_REC_EXPIRES, (uint64_t) (ric_idem_wall_ms() + ttl_ms));
+    memset(rec + RIC_IDEM_REC_FP, 0xab, 32);
+    memset(rec + RIC_IDEM_REC_TOKEN, token, RIC_IDEM_TOKEN_LEN);
+}
+
+static void
+test_claim_and_settle(void)
+{
+    ric_idem_store_conf_t sc = conf_for("a.mdb", 1 << 20), sc2;
+    char err[512];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err)), *s2;
+    u_char key[RIC_IDEM_KEY_LEN], lock[RIC_IDEM_REC_HEAD], other[RIC_IDEM_REC_HEAD];
+    u_char done[RIC_IDEM_REC_HEAD + 10], token1[RIC_IDEM_TOKEN_LEN], token2[RIC_IDEM_TOKEN_LEN];
+    ric_idem_op_t op;
+
+    UNIT_CASE("claim a new key");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        fprintf(stderr, "%s\n", err);
+        return;
+    }
+    memset(key, 7, sizeof(key));
+    memset(&op, 0, sizeof(op));
+    make_record(lock, RIC_IDEM_LOCKED, 1, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op), RIC_IDEM_CLAIMED);
+
+    UNIT_CASE("a second claim finds the lock, from another environment on the file too");
+    make_record(other, RIC_IDEM_LOCKED, 2, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_FOUND);
+    UNIT_CHECK_INT(op.found.len, RIC_IDEM_REC_HEAD);
+    UNIT_CHECK(op.found.len > 0 && op.found.data[0] == RIC_IDEM_LOCKED
+               && op.found.data[RIC_IDEM_REC_TOKEN] == 1);
+    ric_buf_free(&op.found);
+    sc2 = conf_for("a.mdb", 1 << 20);
+    s2 = ric_idem_lmdb_open(&sc2, NULL, err, sizeof(err));
+    UNIT_CHECK(s2 != NULL);
+    if (s2 != NULL) {
+        UNIT_CHECK_INT(ric_idem_store_claim(s2, key, other, sizeof(other), 60000, 0, &op),
+                       RIC_IDEM_FOUND);
+        ric_buf_free(&op.found);
+    }
+
+    UNIT_CASE("only the holder settles");
+    memset(token1, 1, sizeof(token1));
+    memset(token2, 2, sizeof(token2));
+    make_record(done, RIC_IDEM_DONE, 2, 60000);
+    memcpy(done + RIC_IDEM_REC_HEAD, "0123456789", 10);
+    ric_idem_store_settle(s, key, token2, done, sizeof(done), 60000); /* not ours: ignored */
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_FOUND);
+    UNIT_CHECK(op.found.len > 0 && op.found.data[0] == RIC_IDEM_LOCKED);
+    ric_buf_free(&op.found);
+    make_record(done, RIC_IDEM_DONE, 1, 60000);
+    memcpy(done + RIC_IDEM_REC_HEAD, "0123456789", 10);
+    ric_idem_store_settle(s, key, token1, done, sizeof(done), 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s2 ? s2 : s, key, other, sizeof(other), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    UNIT_CHECK_INT(op.found.len, sizeof(done));
+    UNIT_CHECK(op.found.len == sizeof(done) && op.found.data[0] == RIC_IDEM_DONE
+               && memcmp(op.found.data + RIC_IDEM_REC_HEAD, "0123456789", 10) == 0);
+    ric_buf_free(&op.found);
+
+    UNIT_CASE("release, then the key is new again");
+    ric_idem_store_settle(s, key, token1, NULL, 0, 0);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_CLAIMED);
+
+    UNIT_CASE("an expired record counts as none, and the sweep deletes it");
+    key[0] = 9;
+    make_record(lock, RIC_IDEM_LOCKED, 3, -1);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 1, 0, &op), RIC_IDEM_CLAIMED);
+    make_record(other, RIC_IDEM_LOCKED, 4, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_CLAIMED);
+    key[0] = 10;
+    make_record(lock, RIC_IDEM_LOCKED, 3, -1);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 1, 0, &op), RIC_IDEM_CLAIMED);
+    UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 1);
+    UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 0);
+
+    if (s2 != NULL) {
+        ric_idem_lmdb_close(s2);
+    }
+    ric_idem_lmdb_close(s);
+}
+
+static void
+test_full_map(void)
+{
+    ric_idem_store_conf_t sc = conf_for("full.mdb", 64 * 1024);
+    char err[512];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], big[RIC_IDEM_REC_HEAD + 8192];
+    ric_idem_op_t op;
+    int i, rc = RIC_IDEM_CLAIMED;
+
+    UNIT_CASE("a full map is an error with a clear reason, never a crash");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    memset(&op, 0, sizeof(op));
+    memset(big, 'x', sizeof(big));
+    make_record(big, RIC_IDEM_LOCKED, 5, 60000);
+    for (i = 0; i < 64 && rc == RIC_IDEM_CLAIMED; i++) {
+        memset(key, 0, sizeof(key));
+        key[0] = (u_char) i;
+        rc = ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op);
+    }
+    UNIT_CHECK_INT(rc, RIC_ERROR);
+    UNIT_CHECK(strstr(op.error, "is full") != NULL);
+
+    UNIT_CASE("expired records make room");
+    ric_idem_lmdb_close(s);
+    sc = conf_for("full2.mdb", 64 * 1024);
+    s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    make_record(big, RIC_IDEM_LOCKED, 5, 1);
+    rc = RIC_IDEM_CLAIMED;
+    for (i = 0; i < 64 && rc == RIC_IDEM_CLAIMED; i++) {
+        key[0] = (u_char) i;
+        rc = ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op);
+    }
+    usleep(5000); /* every record written has expired now */
+    make_record(big, RIC_IDEM_LOCKED, 6, 60000);
+    key[0] = 200;
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op), RIC_IDEM_CLAIMED);
+    ric_idem_lmdb_close(s);
+}
+
+int
+main(void)
+{
+    char cmd[300];
+    int rc;
+
+    snprintf(dir, sizeof(dir), "/tmp/ric_test_lmdb.XXXXXX");
+    if (mkdtemp(dir) == NULL) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_claim_and_settle();
+    test_full_map();
+    rc = UNIT_DONE("idem_lmdb");
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "could not remove %s\n", dir);
+    }
+    return rc;
+}
