@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #define KEY_MAX_LEN 255 /* as Stripe's keys: longer is a client's mistake */
 
@@ -121,13 +122,36 @@ digest_piece(void *ctx, const u_char *p, size_t n)
     EVP_DigestUpdate(ctx, p, n);
 }
 
+/* The token of a claim: unique among every gateway's claims (a random
+ * prefix per process, then a count), so a lock is settled only by the
+ * request that holds it. */
+static void
+new_token(u_char *token)
+{
+    static u_char prefix[8];
+    static pid_t owner;
+    static uint64_t count;
+
+    if (owner != getpid()) {
+        owner = getpid(); /* drawn again in every worker */
+        if (RAND_bytes(prefix, sizeof(prefix)) != 1) {
+            /* no randomness: the process and the moment are unique enough */
+            ric_idem_put64(prefix, ((uint64_t) owner << 40) ^ (uint64_t) ric_now_us());
+        }
+        count = 0;
+    }
+    memcpy(token, prefix, sizeof(prefix));
+    ric_idem_put64(token + sizeof(prefix), ++count);
+}
+
 /* The record's key: the route (the server's first name and the location)
  * and the client's key, so that routes never share records. The
  * fingerprint: method, target and body, as the draft asks. */
 static int
 digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
 {
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    static EVP_MD_CTX *ctx;
+    static EVP_MD *sha256;
     const ric_http_msg_t *m = r->msg;
     const ric_server_conf_t *s = r->server;
     ric_str_t method = ric_request_span(r, m->method_off, m->method_len);
@@ -136,7 +160,12 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
     char streamed[64];
     int rc = RIC_ERROR, n;
 
-    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+    if (ctx == NULL) {
+        /* fetched once: an implicit fetch per digest costs more than it */
+        ctx = EVP_MD_CTX_new();
+        sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    }
+    if (ctx == NULL || sha256 == NULL || EVP_DigestInit_ex(ctx, sha256, NULL) != 1) {
         goto done;
     }
     EVP_DigestUpdate(ctx, name, strlen(name) + 1);
@@ -144,7 +173,7 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
     EVP_DigestUpdate(ctx, r->location->exact ? "=" : "~", 1);
     EVP_DigestUpdate(ctx, key.data, key.len);
     if (EVP_DigestFinal_ex(ctx, d->key, NULL) != 1
-        || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        || EVP_DigestInit_ex(ctx, sha256, NULL) != 1) {
         goto done;
     }
     EVP_DigestUpdate(ctx, method.data, method.len);
@@ -163,7 +192,6 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
         rc = RIC_OK;
     }
 done:
-    EVP_MD_CTX_free(ctx);
     return rc;
 }
 
@@ -420,9 +448,10 @@ ric_idem_phase(ric_request_t *r)
     }
     d = ric_pcalloc(r->pool, sizeof(*d));
     d->sc = sc;
-    if (digest(r, d, key) != RIC_OK || RAND_bytes(d->token, sizeof(d->token)) != 1) {
+    if (digest(r, d, key) != RIC_OK) {
         return ric_request_answer(r, 500, 0);
     }
+    new_token(d->token);
     r->idem = d;
     ric_request_cleanup_add(r, settle_cleanup, r);
     record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));

@@ -9,7 +9,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define SWEEP_EVERY_MS 1000 /* expired records are swept, and the file flushed, this often */
+#define SWEEP_EVERY_MS 1000 /* expired records are swept this often */
+#define FLUSH_EVERY_MS 5000 /* idempotency_sync off: the file is flushed this often */
 #define SWEEP_AT_ONCE 256   /* records looked at per sweep: one short transaction */
 
 typedef struct {
@@ -20,6 +21,7 @@ typedef struct {
     struct event *synced; /* the flusher finished one: efd is readable */
     int efd;
     int dirty;            /* written since the last flush was asked */
+    int64_t flushed_ms;   /* when the last periodic flush was asked */
     u_char sweep_from[RIC_IDEM_KEY_LEN]; /* where the next sweep starts */
     int sweep_has;
 
@@ -32,7 +34,26 @@ typedef struct {
     int sync_err;
     int stop;
     ric_idem_op_t *waiting; /* durable claims waiting for their flush */
+
+    /* claims and settles of one turn of the loop, done in one transaction */
+    struct event *batch;
+    struct batch_item_s *queue, **queue_tail;
 } lmdb_store_t;
+
+/* A claim or a settle waiting for the turn's transaction. */
+typedef struct batch_item_s {
+    ric_idem_op_t *op; /* a claim's; NULL: a settle, or a claim given up */
+    int claim;
+    int durable;
+    u_char key[RIC_IDEM_KEY_LEN];
+    u_char token[RIC_IDEM_TOKEN_LEN];
+    u_char *rec;       /* owned; a settle's NULL: release */
+    size_t len;
+    int rc;            /* the claim's outcome in the transaction */
+    struct batch_item_s *next;
+} batch_item_t;
+
+static void on_batch(evutil_socket_t fd, short what, void *arg);
 
 static void *
 flusher(void *arg)
@@ -121,6 +142,11 @@ cancel_wait(ric_async_t *a)
     ric_idem_op_t *op = a->data, **pp;
     lmdb_store_t *s = (lmdb_store_t *) op->store;
 
+    if (op->pending != NULL) {
+        ((batch_item_t *) op->pending)->op = NULL; /* queued: skipped, nothing written */
+        op->pending = NULL;
+        return;
+    }
     for (pp = &s->waiting; *pp; pp = &(*pp)->next) {
         if (*pp == op) {
             *pp = op->next;
@@ -196,8 +222,12 @@ on_tick(evutil_socket_t fd, short what, void *arg)
     (void) fd;
     (void) what;
     sweep(s, SWEEP_AT_ONCE);
-    if (s->dirty) {
-        flush_ask(s); /* idempotency_sync off: at most this much is not on disk */
+    /* idempotency_sync off: at most this much is only in the page cache
+     * (a flush write-protects the pages it cleans, and the next write to
+     * each faults: flushing more often costs more than its write) */
+    if (s->dirty && ric_now_ms() - s->flushed_ms >= FLUSH_EVERY_MS) {
+        s->flushed_ms = ric_now_ms();
+        flush_ask(s);
     }
 }
 
@@ -220,8 +250,12 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     if ((rc = mdb_env_set_mapsize(s->env, (size_t) sc->map_size)) != 0) {
         goto failed;
     }
-    /* one file, shared by every worker; fsync is ours to schedule */
-    rc = mdb_env_open(s->env, sc->path, MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC, 0600);
+    /* one file, shared by every worker; fsync is ours to schedule. The
+     * map is written in place (WRITEMAP): no copy of each dirty page per
+     * commit, and what a commit wrote is in the page cache, so a gateway
+     * that crashes loses nothing */
+    rc = mdb_env_open(s->env, sc->path,
+                      MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC | MDB_WRITEMAP | MDB_MAPASYNC, 0600);
     if (rc != 0) {
         goto failed;
     }
@@ -246,6 +280,8 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     s->thread_started = 1;
     s->synced = event_new(base, s->efd, EV_READ | EV_PERSIST, on_synced, s);
     event_add(s->synced, NULL);
+    s->batch = event_new(base, -1, 0, on_batch, s);
+    s->queue_tail = &s->queue;
     s->tick = event_new(base, -1, EV_PERSIST, on_tick, s);
     tv = ric_ms_to_tv(SWEEP_EVERY_MS);
     event_add(s->tick, &tv);
@@ -262,6 +298,12 @@ ric_idem_lmdb_close(ric_idem_store_t *base)
 {
     lmdb_store_t *s = (lmdb_store_t *) base;
 
+    if (s->batch != NULL) {
+        if (s->queue != NULL) {
+            on_batch(-1, 0, s); /* the last settles of a stopping worker */
+        }
+        event_free(s->batch);
+    }
     if (s->thread_started) {
         pthread_mutex_lock(&s->mu);
         s->want_gen++; /* a last flush on the way out */
@@ -335,43 +377,55 @@ claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t
     return RIC_IDEM_CLAIMED;
 }
 
-int
-ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size_t len,
-                    int durable, ric_idem_op_t *op)
+/* A claim on its own: with room made when the map is full. */
+static int
+claim_one(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_idem_op_t *op)
 {
-    lmdb_store_t *s = (lmdb_store_t *) base;
     int rc = claim_txn(s, key, rec, len, &op->found);
 
     if (rc == MDB_MAP_FULL && make_room(s)) {
         rc = claim_txn(s, key, rec, len, &op->found);
     }
-    if (rc == RIC_IDEM_FOUND) {
-        return op->rc = rc;
-    }
-    if (rc != RIC_IDEM_CLAIMED) {
+    if (rc != RIC_IDEM_FOUND && rc != RIC_IDEM_CLAIMED) {
         write_failure(s, rc, op->error, sizeof(op->error));
-        return op->rc = RIC_ERROR;
+        return RIC_ERROR;
     }
-    s->dirty = 1;
-    if (!durable || !s->thread_started) {
-        return op->rc = RIC_IDEM_CLAIMED;
-    }
-    /* the lock counts once it is on disk: the flusher says when */
-    op->sync_gen = flush_ask(s);
-    op->next = s->waiting;
-    s->waiting = op;
-    op->async.cancel = cancel_wait;
-    op->async.data = op;
-    return RIC_AGAIN;
+    s->dirty |= rc == RIC_IDEM_CLAIMED;
+    return rc;
 }
 
-void
-ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
-                     const u_char *rec, size_t len)
+/* Puts rec under key (NULL: deletes it) inside txn if the record there
+ * holds token. 0 (done, or not ours), or an LMDB error. */
+static int
+settle_in(lmdb_store_t *s, MDB_txn *txn, const u_char *key, const u_char *token,
+          const u_char *rec, size_t len)
 {
-    lmdb_store_t *s = (lmdb_store_t *) base;
-    MDB_txn *txn;
     MDB_val k, v;
+    int rc;
+
+    k.mv_data = (void *) key;
+    k.mv_size = RIC_IDEM_KEY_LEN;
+    rc = mdb_get(txn, s->dbi, &k, &v);
+    if (rc != 0 || v.mv_size < RIC_IDEM_REC_HEAD
+        || memcmp((const u_char *) v.mv_data + RIC_IDEM_REC_TOKEN, token, RIC_IDEM_TOKEN_LEN)
+               != 0) {
+        return rc == MDB_NOTFOUND || rc == 0 ? 0 : rc; /* gone, or claimed again: not ours */
+    }
+    if (rec == NULL) {
+        return mdb_del(txn, s->dbi, &k, NULL);
+    }
+    v.mv_data = (void *) rec;
+    v.mv_size = len;
+    return mdb_put(txn, s->dbi, &k, &v, 0);
+}
+
+/* A settle on its own: a full map is swept, and an answer that still does
+ * not fit is kept as done without it. */
+static void
+settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char *rec,
+           size_t len)
+{
+    MDB_txn *txn;
     char why[256];
     u_char bare[RIC_IDEM_REC_HEAD];
     int rc, tries;
@@ -380,23 +434,7 @@ ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *to
         if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
             break;
         }
-        k.mv_data = (void *) key;
-        k.mv_size = RIC_IDEM_KEY_LEN;
-        rc = mdb_get(txn, s->dbi, &k, &v);
-        if (rc != 0 || v.mv_size < RIC_IDEM_REC_HEAD
-            || memcmp((const u_char *) v.mv_data + RIC_IDEM_REC_TOKEN, token,
-                      RIC_IDEM_TOKEN_LEN) != 0) {
-            mdb_txn_abort(txn); /* gone, or claimed again since: not ours */
-            return;
-        }
-        if (rec == NULL) {
-            rc = mdb_del(txn, s->dbi, &k, NULL);
-        } else {
-            v.mv_data = (void *) rec;
-            v.mv_size = len;
-            rc = mdb_put(txn, s->dbi, &k, &v, 0);
-        }
-        if (rc != 0) {
+        if ((rc = settle_in(s, txn, key, token, rec, len)) != 0) {
             mdb_txn_abort(txn);
         } else if ((rc = mdb_txn_commit(txn)) == 0) {
             s->dirty = 1;
@@ -415,4 +453,149 @@ ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *to
     }
     ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s", s->base.conf->spec,
                   write_failure(s, rc, why, sizeof(why)));
+}
+
+/* A claim is over: its request hears, or waits for the flush first. */
+static void
+claim_over(lmdb_store_t *s, ric_idem_op_t *op, int rc, int durable, uint64_t *gen)
+{
+    op->pending = NULL;
+    if (rc == RIC_IDEM_CLAIMED && durable) {
+        /* the lock counts once it is on disk: the flusher says when */
+        if (*gen == 0) {
+            *gen = flush_ask(s); /* one flush for the turn's durable claims */
+        }
+        op->sync_gen = *gen;
+        op->next = s->waiting;
+        s->waiting = op;
+        return;
+    }
+    op->rc = rc;
+    op->done(op);
+}
+
+/* One transaction for every claim and settle of this turn of the loop;
+ * should it fail (a full map), each goes again on its own. */
+static void
+on_batch(evutil_socket_t fd, short what, void *arg)
+{
+    lmdb_store_t *s = arg;
+    batch_item_t *list = s->queue, *it, *next;
+    MDB_txn *txn = NULL;
+    MDB_val k, v;
+    uint64_t gen = 0;
+    int rc = 0;
+
+    (void) fd;
+    (void) what;
+    s->queue = NULL;
+    s->queue_tail = &s->queue;
+    if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
+        txn = NULL;
+    }
+    for (it = list; it && txn != NULL && rc == 0; it = it->next) {
+        if (!it->claim) {
+            rc = settle_in(s, txn, it->key, it->token, it->rec, it->len);
+            continue;
+        }
+        if (it->op == NULL) {
+            continue; /* its request gave up: nothing is written for it */
+        }
+        k.mv_data = it->key;
+        k.mv_size = RIC_IDEM_KEY_LEN;
+        rc = mdb_get(txn, s->dbi, &k, &v);
+        if (rc == 0 && v.mv_size >= RIC_IDEM_REC_HEAD
+            && (int64_t) ric_idem_get64((const u_char *) v.mv_data + RIC_IDEM_REC_EXPIRES)
+                   > ric_idem_wall_ms()) {
+            it->op->found.len = 0;
+            ric_buf_put(&it->op->found, v.mv_data, v.mv_size);
+            it->rc = RIC_IDEM_FOUND;
+            continue;
+        }
+        v.mv_data = it->rec;
+        v.mv_size = it->len;
+        rc = mdb_put(txn, s->dbi, &k, &v, 0);
+        it->rc = RIC_IDEM_CLAIMED;
+    }
+    if (txn != NULL && rc == 0 && (rc = mdb_txn_commit(txn)) == 0) {
+        s->dirty = 1;
+        txn = NULL;
+    } else {
+        if (txn != NULL && rc != 0) {
+            mdb_txn_abort(txn);
+        }
+        txn = NULL;
+        rc = -1; /* each on its own */
+    }
+    for (it = list; it; it = next) {
+        next = it->next;
+        if (rc != 0) {
+            if (!it->claim) {
+                settle_one(s, it->key, it->token, it->rec, it->len);
+            } else if (it->op != NULL) {
+                it->rc = claim_one(s, it->key, it->rec, it->len, it->op);
+            }
+        }
+        /* a done() may end other requests, and give up their claims */
+        if (it->claim && it->op != NULL) {
+            claim_over(s, it->op, it->rc, it->durable, &gen);
+        }
+        free(it->rec);
+        free(it);
+    }
+}
+
+static batch_item_t *
+enqueue(lmdb_store_t *s, const u_char *key, const u_char *rec, size_t len)
+{
+    batch_item_t *it = ric_xcalloc(1, sizeof(*it));
+
+    memcpy(it->key, key, RIC_IDEM_KEY_LEN);
+    if (rec != NULL) {
+        it->rec = ric_xmalloc(len ? len : 1);
+        memcpy(it->rec, rec, len);
+        it->len = len;
+    }
+    if (s->queue == NULL) {
+        /* after the events of this turn: their claims join this one */
+        event_active(s->batch, EV_TIMEOUT, 1);
+    }
+    *s->queue_tail = it;
+    s->queue_tail = &it->next;
+    return it;
+}
+
+int
+ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size_t len,
+                    int durable, ric_idem_op_t *op)
+{
+    lmdb_store_t *s = (lmdb_store_t *) base;
+    batch_item_t *it;
+
+    if (s->batch == NULL) {
+        return op->rc = claim_one(s, key, rec, len, op); /* no loop: at once */
+    }
+    it = enqueue(s, key, rec, len);
+    it->claim = 1;
+    it->op = op;
+    it->durable = durable && s->thread_started;
+    op->pending = it;
+    op->async.cancel = cancel_wait;
+    op->async.data = op;
+    return RIC_AGAIN;
+}
+
+void
+ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
+                     const u_char *rec, size_t len)
+{
+    lmdb_store_t *s = (lmdb_store_t *) base;
+    batch_item_t *it;
+
+    if (s->batch == NULL) {
+        settle_one(s, key, token, rec, len);
+        return;
+    }
+    it = enqueue(s, key, rec, len);
+    memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
 }

@@ -312,19 +312,32 @@ static int
 send_command(pending_t *p)
 {
     redis_store_t *s = p->s;
-    const char *how = p->fell_back ? "EVAL" : "EVALSHA";
-    const char *script = p->claim ? (p->fell_back ? claim_lua : s->claim_sha)
-                                  : (p->fell_back ? settle_lua : s->settle_sha);
-    int rc;
+    const char *argv[7];
+    size_t len[7];
+    char ttl[24];
+    int n = 0, rc;
 
-    if (p->claim) {
-        rc = redisAsyncCommand(s->ac, on_reply, p, "%s %s 1 %s %b %lld", how, script, p->key,
-                               p->arg, p->arg_len, p->ttl_ms);
-    } else {
-        rc = redisAsyncCommand(s->ac, on_reply, p, "%s %s 1 %s %b %b %lld", how, script,
-                               p->key, p->token, (size_t) RIC_IDEM_TOKEN_LEN,
-                               p->arg ? p->arg : (const u_char *) "", p->arg_len, p->ttl_ms);
+    /* argv, not a format: nothing to parse on the hot path */
+    argv[n] = p->fell_back ? "EVAL" : "EVALSHA";
+    len[n] = strlen(argv[n]);
+    n++;
+    argv[n] = p->claim ? (p->fell_back ? claim_lua : s->claim_sha)
+                       : (p->fell_back ? settle_lua : s->settle_sha);
+    len[n] = strlen(argv[n]);
+    n++;
+    argv[n] = "1";
+    len[n++] = 1;
+    argv[n] = p->key;
+    len[n++] = sizeof(p->key) - 1;
+    if (!p->claim) {
+        argv[n] = p->token;
+        len[n++] = RIC_IDEM_TOKEN_LEN;
     }
+    argv[n] = p->arg ? (const char *) p->arg : "";
+    len[n++] = p->arg_len;
+    len[n] = (size_t) snprintf(ttl, sizeof(ttl), "%lld", p->ttl_ms);
+    argv[n++] = ttl;
+    rc = redisAsyncCommandArgv(s->ac, on_reply, p, n, argv, len);
     return rc == REDIS_OK ? RIC_OK : RIC_ERROR;
 }
 
@@ -339,15 +352,22 @@ pending_free(pending_t *p)
 static pending_t *
 pending_new(redis_store_t *s, const u_char *key, const u_char *arg, size_t len, int64_t ttl_ms)
 {
-    pending_t *p = ric_xcalloc(1, sizeof(*p));
+    static const char hex[] = "0123456789abcdef";
+    pending_t *p = ric_xmalloc(sizeof(*p));
+    char *k = p->key + sizeof(KEY_PREFIX) - 1;
     int i;
 
+    memset(p, 0, offsetof(pending_t, key));
     p->s = s;
     s->inflight++;
     memcpy(p->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
     for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
-        snprintf(p->key + sizeof(KEY_PREFIX) - 1 + 2 * i, 3, "%02x", key[i]);
+        k[2 * i] = hex[key[i] >> 4];
+        k[2 * i + 1] = hex[key[i] & 15];
     }
+    k[2 * RIC_IDEM_KEY_LEN] = '\0';
+    p->arg = NULL;
+    p->arg_len = 0;
     if (arg != NULL) {
         p->arg = ric_xmalloc(len ? len : 1);
         memcpy(p->arg, arg, len);
