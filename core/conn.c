@@ -85,6 +85,12 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
             event_free(c->wev);
             c->rev = c->wev = NULL;
             ric_io_close(&c->io);
+            /* an answer paused for a slow client waits for nobody now */
+            c->running++;
+            ric_request_client_writable(c->r);
+            if (--c->running == 0 && c->closed) {
+                conn_free(c);
+            }
             return;
         }
         /* the request's finalize comes back here with c->r cleared */

@@ -20,6 +20,7 @@ typedef struct ric_idem_s {
     u_char fp[32];     /* the request's fingerprint */
     u_char token[RIC_IDEM_TOKEN_LEN];
     u_char lock[RIC_IDEM_REC_HEAD];
+    int64_t claimed_ms; /* when the lock was last written (monotonic) */
     /* the answer, as the client got it */
     int captured;      /* its head was seen */
     int status;
@@ -227,6 +228,21 @@ keep_body(ric_idem_t *d, const ric_request_t *r, const u_char *p, size_t n)
     ric_buf_put(&d->body, p, n);
 }
 
+/* A lock lapses lock_ttl after it was written; a request still at work
+ * halfway there (a long upload, a slow answer) writes it again. */
+static void
+keep_locked(ric_request_t *r, ric_idem_t *d)
+{
+    int64_t now = ric_now_ms();
+
+    if (now - d->claimed_ms < lock_ttl(r) / 2) {
+        return;
+    }
+    d->claimed_ms = now;
+    record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
+    ric_idem_store_settle(d->sc->store, d->key, d->token, d->lock, sizeof(d->lock), lock_ttl(r));
+}
+
 static void
 tap(ric_request_t *r, const u_char *p, size_t n)
 {
@@ -237,6 +253,7 @@ tap(ric_request_t *r, const u_char *p, size_t n)
     size_t dlen;
     unsigned i;
 
+    keep_locked(r, d);
     if (p == NULL) {
         /* the head: the upstream's end-to-end fields, less what the
          * gateway sets itself when it answers */
@@ -428,6 +445,13 @@ ric_idem_phase(ric_request_t *r)
         || r->script_idempotent > 0) {
         return RIC_OK; /* safe to repeat: nothing to dedupe */
     }
+    sc = r->location->refs.idempotency_store;
+    if (sc != NULL && sc->kind == RIC_IDEM_STORE_OFF) {
+        sc = NULL;
+    }
+    if (sc == NULL && !s->idempotency_required) {
+        return RIC_OK; /* the key is the upstream's business */
+    }
     rc = request_key(r, &key, &why);
     if (rc < 0) {
         r->log.idempotency = "bad_key";
@@ -442,8 +466,7 @@ ric_idem_phase(ric_request_t *r)
         }
         return RIC_OK;
     }
-    sc = r->location->refs.idempotency_store;
-    if (sc == NULL || sc->kind == RIC_IDEM_STORE_OFF) {
+    if (sc == NULL) {
         return RIC_OK;
     }
     d = ric_pcalloc(r->pool, sizeof(*d));
@@ -457,6 +480,9 @@ ric_idem_phase(ric_request_t *r)
     record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
     d->op.done = on_claimed;
     d->op.data = r;
+    d->op.key = d->key;
+    d->op.token = d->token;
+    d->claimed_ms = ric_now_ms();
     rc = ric_idem_store_claim(sc->store, d->key, d->lock, sizeof(d->lock), lock_ttl(r),
                               s->idempotency_sync == 1, &d->op);
     if (rc == RIC_AGAIN) {

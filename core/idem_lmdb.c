@@ -11,7 +11,10 @@
 
 #define SWEEP_EVERY_MS 1000 /* expired records are swept this often */
 #define FLUSH_EVERY_MS 5000 /* idempotency_sync off: the file is flushed this often */
-#define SWEEP_AT_ONCE 256   /* records looked at per sweep: one short transaction */
+#define SWEEP_AT_ONCE 1024  /* records looked at per sweep: one short transaction */
+#define SWEEP_BUSY_MS 50    /* ...and again this soon while it finds expired ones */
+#define ROOM_AT_ONCE 4096   /* records looked at to make room in a full map */
+#define HIGH_WATER_PCT 80   /* claims stop above this much of the map: deletes need room too */
 
 typedef struct {
     ric_idem_store_t base;
@@ -24,6 +27,7 @@ typedef struct {
     int64_t flushed_ms;   /* when the last periodic flush was asked */
     u_char sweep_from[RIC_IDEM_KEY_LEN]; /* where the next sweep starts */
     int sweep_has;
+    int swept_all;        /* the last sweep looked at fewer records than it could */
 
     /* the flusher thread: mdb_env_sync off the loop */
     pthread_t thread;
@@ -150,14 +154,16 @@ cancel_wait(ric_async_t *a)
     for (pp = &s->waiting; *pp; pp = &(*pp)->next) {
         if (*pp == op) {
             *pp = op->next;
+            /* the lock was written, for a request that is gone now */
+            ric_idem_lmdb_settle(&s->base, op->key, op->token, NULL, 0);
             break;
         }
     }
     op->next = NULL;
 }
 
-/* Looks at up to SWEEP_AT_ONCE records from where the last sweep ended
- * and deletes the expired ones. Returns how many it deleted. */
+/* Looks at up to at_once records from where the last sweep ended and
+ * deletes the expired ones. Returns how many it deleted. */
 static int
 sweep(lmdb_store_t *s, int at_once)
 {
@@ -186,6 +192,7 @@ sweep(lmdb_store_t *s, int at_once)
         }
         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
     }
+    s->swept_all = seen <= at_once;
     s->sweep_has = rc == 0 && k.mv_size == sizeof(s->sweep_from);
     if (s->sweep_has) {
         memcpy(s->sweep_from, k.mv_data, sizeof(s->sweep_from));
@@ -202,16 +209,43 @@ sweep(lmdb_store_t *s, int at_once)
 
 /* A full map: expired records go now. Pages a transaction frees are
  * reusable only two commits later (LMDB keeps the previous snapshot), so
- * the sweep is two transactions: what the first one frees serves the
- * claim after them. Returns whether anything was freed. */
+ * a second, tiny transaction follows the sweep: what the sweep freed
+ * serves the claim after them. Returns whether anything was freed. */
 static int
 make_room(lmdb_store_t *s)
 {
-    int gone;
+    static u_char mark_key[1], mark[8];
+    MDB_txn *txn;
+    MDB_val k = { sizeof(mark_key), mark_key }, v = { sizeof(mark), mark };
+    int gone = sweep(s, ROOM_AT_ONCE);
 
-    s->sweep_has = 0;
-    gone = sweep(s, 1);
-    return gone + sweep(s, 1 << 20) > 0;
+    if (gone > 0 && mdb_txn_begin(s->env, NULL, 0, &txn) == 0) {
+        /* a value too short to be a record: the next sweep deletes it */
+        ric_idem_put64(mark, (uint64_t) ric_idem_wall_ms());
+        if (mdb_put(txn, s->dbi, &k, &v, 0) == 0) {
+            mdb_txn_commit(txn);
+        } else {
+            mdb_txn_abort(txn);
+        }
+    }
+    return gone > 0;
+}
+
+/* Whether the records fill more than HIGH_WATER_PCT of the map: then a
+ * claim is refused (as a full map) while deletes and settles still find
+ * the pages they need. */
+static int
+nearly_full(lmdb_store_t *s, MDB_txn *txn)
+{
+    MDB_stat st;
+    uint64_t used, pages;
+
+    if (mdb_stat(txn, s->dbi, &st) != 0 || st.ms_psize == 0) {
+        return 0;
+    }
+    used = (uint64_t) st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+    pages = (uint64_t) s->base.conf->map_size / st.ms_psize;
+    return used * 100 > pages * HIGH_WATER_PCT;
 }
 
 static void
@@ -221,7 +255,12 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
-    sweep(s, SWEEP_AT_ONCE);
+    struct timeval tv;
+    int gone = sweep(s, SWEEP_AT_ONCE);
+
+    /* while it keeps finding expired records, it comes back soon */
+    tv = ric_ms_to_tv(gone > 0 && !s->swept_all ? SWEEP_BUSY_MS : SWEEP_EVERY_MS);
+    event_add(s->tick, &tv);
     /* idempotency_sync off: at most this much is only in the page cache
      * (a flush write-protects the pages it cleans, and the next write to
      * each faults: flushing more often costs more than its write) */
@@ -263,11 +302,12 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
         goto failed;
     }
-    if ((rc = mdb_dbi_open(txn, NULL, 0, &s->dbi)) != 0 || (rc = mdb_txn_commit(txn)) != 0) {
-        if (rc != 0 && txn != NULL) {
-            mdb_txn_abort(txn);
-        }
+    if ((rc = mdb_dbi_open(txn, NULL, 0, &s->dbi)) != 0) {
+        mdb_txn_abort(txn);
         goto failed;
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0) {
+        goto failed; /* a failed commit frees the transaction itself */
     }
     if (base == NULL) {
         return &s->base; /* the master's check: no loop, no thread */
@@ -282,7 +322,7 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     event_add(s->synced, NULL);
     s->batch = event_new(base, -1, 0, on_batch, s);
     s->queue_tail = &s->queue;
-    s->tick = event_new(base, -1, EV_PERSIST, on_tick, s);
+    s->tick = evtimer_new(base, on_tick, s);
     tv = ric_ms_to_tv(SWEEP_EVERY_MS);
     event_add(s->tick, &tv);
     return &s->base;
@@ -364,6 +404,10 @@ claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t
         ric_buf_put(found, v.mv_data, v.mv_size);
         mdb_txn_abort(txn);
         return RIC_IDEM_FOUND;
+    }
+    if (nearly_full(s, txn)) {
+        mdb_txn_abort(txn);
+        return MDB_MAP_FULL;
     }
     v.mv_data = rec;
     v.mv_size = len;
@@ -492,6 +536,8 @@ on_batch(evutil_socket_t fd, short what, void *arg)
     s->queue_tail = &s->queue;
     if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
         txn = NULL;
+    } else if (nearly_full(s, txn)) {
+        rc = MDB_MAP_FULL; /* each on its own, with room made first */
     }
     for (it = list; it && txn != NULL && rc == 0; it = it->next) {
         if (!it->claim) {

@@ -47,6 +47,7 @@ typedef struct {
     int64_t retry_ms;            /* the current backoff window */
     int failures;                /* connects failed in a row (logged once) */
     int inflight;                /* commands sent and not answered */
+    int stalled;                 /* claims in a row that timed out */
     int closing;                 /* the worker exits: answers are awaited, then no reconnect */
     char claim_sha[41], settle_sha[41];
 } redis_store_t;
@@ -138,6 +139,22 @@ on_disconnect(const redisAsyncContext *ac, int status)
     schedule_reconnect(s);
 }
 
+/* Gives up on the connection (a connect or answers that do not come):
+ * its pending commands fail now, and the next connect is scheduled. */
+static void
+drop_connection(redis_store_t *s)
+{
+    redisAsyncContext *ac = s->ac;
+
+    if (ac == NULL) {
+        return;
+    }
+    ac->data = NULL; /* its disconnect callback is ours to skip */
+    s->ac = NULL;
+    redisAsyncFree(ac);
+    schedule_reconnect(s);
+}
+
 static void
 on_retry(evutil_socket_t fd, short what, void *arg)
 {
@@ -157,7 +174,7 @@ on_connect_timeout(evutil_socket_t fd, short what, void *arg)
         ric_log_error(s->failures++ == 0 ? RIC_LOG_ERR : RIC_LOG_INFO, 0,
                       "idempotency store \"%s\": connect timed out (retrying)",
                       s->base.conf->spec);
-        redisAsyncDisconnect(s->ac); /* on_disconnect schedules the next */
+        drop_connection(s);
     }
 }
 
@@ -252,6 +269,8 @@ ric_idem_redis_close(ric_idem_store_t *base)
 
 static void pending_free(pending_t *p);
 
+#define STALLED_MAX 3 /* claims in a row without an answer: the connection is dropped */
+
 static void
 claim_over(ric_idem_op_t *op, int rc)
 {
@@ -263,6 +282,7 @@ claim_over(ric_idem_op_t *op, int rc)
 }
 
 static int send_command(pending_t *p);
+static void release_abandoned(const pending_t *claim);
 
 static void
 on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
@@ -289,7 +309,13 @@ on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
         pending_free(p);
         return;
     }
+    if (reply != NULL) {
+        p->s->stalled = 0;
+    }
     if (op == NULL) {
+        if (reply != NULL && reply->type == REDIS_REPLY_INTEGER) {
+            release_abandoned(p); /* it took the lock for nobody: let it go */
+        }
         pending_free(p); /* its request gave up on it */
         return;
     }
@@ -397,6 +423,7 @@ static void
 on_claim_timeout(evutil_socket_t fd, short what, void *arg)
 {
     ric_idem_op_t *op = arg;
+    redis_store_t *s;
 
     (void) fd;
     (void) what;
@@ -405,7 +432,14 @@ on_claim_timeout(evutil_socket_t fd, short what, void *arg)
     }
     snprintf(op->error, sizeof(op->error), "Redis did not answer within %d ms",
              RIC_IDEM_STORE_TIMEOUT_MS);
+    s = ((redis_store_t *) op->store);
     claim_over(op, RIC_ERROR);
+    if (++s->stalled >= STALLED_MAX && s->ac != NULL) {
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %d answers in a row did not "
+                      "come: reconnecting", s->base.conf->spec, s->stalled);
+        s->stalled = 0;
+        drop_connection(s);
+    }
 }
 
 int
@@ -451,6 +485,30 @@ ric_idem_redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *t
     }
     p = pending_new(s, key, rec, rec ? len : 0, ttl_ms);
     memcpy(p->token, token, RIC_IDEM_TOKEN_LEN);
+    if (send_command(p) != RIC_OK) {
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": a settle could not be sent: "
+                      "its key stays locked until idempotency_lock_ttl", s->base.conf->spec);
+        pending_free(p);
+    }
+}
+
+/* A claim whose request gave up (its answer came too late) but that took
+ * the lock: the lock is released with the claim's own token. */
+static void
+release_abandoned(const pending_t *claim)
+{
+    redis_store_t *s = claim->s;
+    pending_t *p;
+
+    if (s->ac == NULL || claim->arg == NULL || claim->arg_len < RIC_IDEM_REC_HEAD) {
+        return;
+    }
+    p = ric_xcalloc(1, sizeof(*p));
+    p->s = s;
+    s->inflight++;
+    memcpy(p->key, claim->key, sizeof(p->key));
+    memcpy(p->token, claim->arg + RIC_IDEM_REC_TOKEN, RIC_IDEM_TOKEN_LEN);
+    p->ttl_ms = 1;
     if (send_command(p) != RIC_OK) {
         pending_free(p);
     }

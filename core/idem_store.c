@@ -5,13 +5,15 @@
 #include <stdio.h>
 #include <time.h>
 
+int64_t ric_idem_wall_skew_ms;
+
 int64_t
 ric_idem_wall_ms(void)
 {
     struct timespec ts;
 
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + ric_idem_wall_skew_ms;
 }
 
 void

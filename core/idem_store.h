@@ -73,6 +73,7 @@ struct ric_idem_op_s {
     ric_async_t async; /* the request's pending operation while RIC_AGAIN */
     void (*done)(ric_idem_op_t *op);
     void *data;
+    const u_char *key, *token; /* the claim's (the caller's, alive while it is pending) */
     int rc;            /* RIC_IDEM_CLAIMED, RIC_IDEM_FOUND or RIC_ERROR */
     ric_buf_t found;   /* the record found (heap: the caller frees it) */
     char error[200];   /* why, when RIC_ERROR */
@@ -132,8 +133,10 @@ int ric_idem_redis_claim(ric_idem_store_t *s, const u_char *key, const u_char *r
 void ric_idem_redis_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
                            const u_char *rec, size_t len, int64_t ttl_ms);
 
-/* The wall clock in milliseconds (records outlive processes and hosts). */
+/* The wall clock in milliseconds (records outlive processes and hosts),
+ * moved by ric_idem_wall_skew_ms (tests move time forward with it). */
 int64_t ric_idem_wall_ms(void);
+extern int64_t ric_idem_wall_skew_ms;
 
 /* Big-endian helpers for the record's fields. */
 void ric_idem_put64(u_char *p, uint64_t v);

@@ -242,6 +242,10 @@ ric_worker_run(ric_conf_t *conf)
     while ((c = w->conns) != NULL) {
         ric_conn_stop(c);
     }
+    /* a store may run the loop a moment to land its last writes: nothing
+     * else may start meanwhile */
+    accept_enable(w, 0);
+    event_del(w->shutdown_timer);
     if (conf->http != NULL) {
         ric_idem_store_close_all(conf->http->idem_stores);
     }

@@ -288,7 +288,28 @@ describe("the LMDB idempotency store", function()
         local key = new_key()
         assert.equal(200, assert(post(gw.port, "/nostore/pay", key)).status)
         assert.equal(200, assert(post(gw.port, "/nostore/pay", key)).status)
-        assert.equal(2, #up:hits())
+        local two = assert(H.request(gw.port, { method = "POST", path = "/nostore/pay", body = "{}",
+            headers = { { "Idempotency-Key", "a" }, { "Idempotency-Key", "b" } } }))
+        assert.equal(200, two.status) -- the key is the upstream's business there
+        assert.equal(3, #up:hits())
+    end)
+
+    it("finishes an answer its client stopped reading, then left", function()
+        up:program({ default = { status = 200, body_size = 4 * 1024 * 1024 } })
+        local key = new_key()
+        local c = assert(H.connect(gw.port))
+        assert(c:send(H.build_request(gw.port, { method = "POST", path = "/pay", body = "{}",
+            headers = { { "Idempotency-Key", key } } })))
+        up:wait_hits(1, 3)
+        socket.sleep(0.3) -- the gateway is stuck on a client that reads nothing
+        c.sock:shutdown("send") -- and that says it is done: the gateway sees it leave
+        local r = H.wait_until(function()
+            local x = post(gw.port, "/pay", key, "{}")
+            return x and x.status == 409 and problem_type(x) == "urn:ricochet:problem:idempotency-answer-not-stored" and x
+        end, 5)
+        c:close()
+        assert.truthy(r, ctx(gw, "the orphaned answer never finished"))
+        assert.equal(1, #up:hits())
     end)
 end)
 

@@ -151,10 +151,48 @@ test_full_map(void)
         key[0] = (u_char) i;
         rc = ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op);
     }
-    usleep(5000); /* every record written has expired now */
+    ric_idem_wall_skew_ms += 1000; /* every record written has expired now */
     make_record(big, RIC_IDEM_LOCKED, 6, 60000);
     key[0] = 200;
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op), RIC_IDEM_CLAIMED);
+    ric_idem_lmdb_close(s);
+}
+
+/* Small records filling a map, all expired: the map must take claims again. */
+static void
+test_full_of_small(void)
+{
+    ric_idem_store_conf_t sc = conf_for("small.mdb", 1 << 20);
+    char err[512];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], rec[RIC_IDEM_REC_HEAD + 1024];
+    ric_idem_op_t op;
+    int i, rc = RIC_IDEM_CLAIMED, filled = 0, after = 0;
+
+    UNIT_CASE("a map full of small expired records takes claims again");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    memset(&op, 0, sizeof(op));
+    memset(rec, 'y', sizeof(rec));
+    make_record(rec, RIC_IDEM_LOCKED, 7, 60000);
+    memset(key, 0, sizeof(key));
+    for (i = 0; i < 100000 && rc == RIC_IDEM_CLAIMED; i++) {
+        memcpy(key, &i, sizeof(i));
+        rc = ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op);
+        filled += rc == RIC_IDEM_CLAIMED;
+    }
+    UNIT_CHECK_INT(rc, RIC_ERROR);
+    UNIT_CHECK(filled > 100);
+    ric_idem_wall_skew_ms += 120000; /* two minutes later: every record has expired */
+    make_record(rec, RIC_IDEM_LOCKED, 8, 60000);
+    for (i = 0; i < filled / 2; i++) {
+        int n = 1000000 + i;
+        memcpy(key, &n, sizeof(n));
+        after += ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op) == RIC_IDEM_CLAIMED;
+    }
+    UNIT_CHECK_INT(after, filled / 2);
     ric_idem_lmdb_close(s);
 }
 
@@ -171,6 +209,7 @@ main(void)
     }
     test_claim_and_settle();
     test_full_map();
+    test_full_of_small();
     rc = UNIT_DONE("idem_lmdb");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
