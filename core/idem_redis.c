@@ -1,4 +1,4 @@
-/* idem_redis.c: the shared idempotency store: hiredis async on the worker's loop, lock-or-read and settle as Lua scripts in Redis, reconnect with jittered backoff. */
+/* idem_redis.c: the shared idempotency store: hiredis async on the worker's loop, each turn's claims (lock-or-read) and settles in one Lua script call, reconnect with jittered backoff. */
 #include "idem_store.h"
 #include "backoff.h"
 #include "log.h"
@@ -17,23 +17,29 @@
 #define RECONNECT_MAX_MS 5000
 #define KEY_PREFIX "ricochet:idem:"
 
-/* KEYS[1] the record; ARGV[1] our lock, ARGV[2] its TTL (ms). The live
- * record, or 0 when ours was written: one atomic step for every gateway. */
-static const char claim_lua[] =
-    "local v = redis.call('GET', KEYS[1])\n"
-    "if v then return v end\n"
-    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
-    "return 0\n";
+/* Every claim and settle of one turn of the worker's loop, in one atomic
+ * step: KEYS[i] is a record, ARGV[4i-3..4i] its op: "c", our lock, "",
+ * its TTL (ms) claims the key when no record is there (the reply's [i] is
+ * 0) or answers the live record; "s", our token, the record to keep (""
+ * removes it), its TTL settles the key if it still holds our token. */
+static const char batch_lua[] =
+    "local out = {}\n"
+    "for i = 1, #KEYS do\n"
+    "  local kind, a, b, ttl = ARGV[4*i-3], ARGV[4*i-2], ARGV[4*i-1], ARGV[4*i]\n"
+    "  if kind == 'c' then\n"
+    "    local v = redis.call('GET', KEYS[i])\n"
+    "    if v then out[i] = v else redis.call('SET', KEYS[i], a, 'PX', ttl); out[i] = 0 end\n"
+    "  else\n"
+    "    if redis.call('GETRANGE', KEYS[i], 41, 56) == a then\n"
+    "      if b == '' then redis.call('DEL', KEYS[i])\n"
+    "      else redis.call('SET', KEYS[i], b, 'PX', ttl) end\n"
+    "    end\n"
+    "    out[i] = 1\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
 
-/* KEYS[1] the record; ARGV[1] our token, ARGV[2] the record to keep ("":
- * remove it), ARGV[3] its TTL. Only the request that holds the lock
- * settles it. */
-static const char settle_lua[] =
-    "local v = redis.call('GET', KEYS[1])\n"
-    "if not v or string.sub(v, 42, 57) ~= ARGV[1] then return 0 end\n"
-    "if ARGV[2] == '' then redis.call('DEL', KEYS[1])\n"
-    "else redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end\n"
-    "return 1\n";
+#define BATCH_MAX 256 /* ops in one script call */
 
 typedef enum { REDIS_DOWN = 0, REDIS_CONNECTING, REDIS_UP } redis_state_t;
 
@@ -46,26 +52,37 @@ typedef struct {
     struct event *connect_timer; /* a connect that takes too long */
     int64_t retry_ms;            /* the current backoff window */
     int failures;                /* connects failed in a row (logged once) */
-    int inflight;                /* commands sent and not answered */
+    int inflight;                /* batches sent and not answered */
     int stalled;                 /* claims in a row that timed out */
     int closing;                 /* the worker exits: answers are awaited, then no reconnect */
-    char claim_sha[41], settle_sha[41];
+    char batch_sha[41];
+    struct event *batch;         /* runs after the turn's events */
+    struct item_s *queue, **queue_tail;
 } redis_store_t;
 
-/* A command in flight: it outlives a request that gave up on it. */
+/* A claim or a settle: queued for the turn's batch, then in flight; it
+ * outlives a request that gave up on it. */
+typedef struct item_s {
+    ric_idem_op_t *op; /* a claim's; NULL: a settle, or a claim given up */
+    int claim;
+    char key[sizeof(KEY_PREFIX) + 2 * RIC_IDEM_KEY_LEN];
+    u_char *rec;       /* owned: the claim's lock, the settle's record (NULL: release) */
+    size_t len;
+    char token[RIC_IDEM_TOKEN_LEN];
+    char ttl[24];
+    struct item_s *next;
+} item_t;
+
+/* One script call: its items, until the reply. */
 typedef struct {
     redis_store_t *s;
-    ric_idem_op_t *op; /* NULL: nobody waits (a settle, or a claim given up) */
-    int claim;
-    int fell_back;     /* EVAL sent after NOSCRIPT */
-    char key[sizeof(KEY_PREFIX) + 2 * RIC_IDEM_KEY_LEN];
-    u_char *arg;       /* the claim's lock or the settle's record (owned) */
-    size_t arg_len;
-    char token[RIC_IDEM_TOKEN_LEN];
-    long long ttl_ms;
-} pending_t;
+    item_t *items;
+    int n;
+    int fell_back; /* EVAL sent after NOSCRIPT */
+} batch_t;
 
 static void connect_now(redis_store_t *s);
+static void on_batch(evutil_socket_t fd, short what, void *arg);
 
 static void
 sha1_hex(const char *text, char *out)
@@ -206,8 +223,7 @@ connect_now(redis_store_t *s)
     if (s->base.conf->db != 0) {
         redisAsyncCommand(ac, NULL, NULL, "SELECT %d", s->base.conf->db);
     }
-    redisAsyncCommand(ac, NULL, NULL, "SCRIPT LOAD %s", claim_lua);
-    redisAsyncCommand(ac, NULL, NULL, "SCRIPT LOAD %s", settle_lua);
+    redisAsyncCommand(ac, NULL, NULL, "SCRIPT LOAD %s", batch_lua);
     tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);
     event_add(s->connect_timer, &tv);
 }
@@ -223,8 +239,9 @@ ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base)
     s->retry_ms = RECONNECT_MIN_MS;
     s->retry_timer = evtimer_new(base, on_retry, s);
     s->connect_timer = evtimer_new(base, on_connect_timeout, s);
-    sha1_hex(claim_lua, s->claim_sha);
-    sha1_hex(settle_lua, s->settle_sha);
+    sha1_hex(batch_lua, s->batch_sha);
+    s->batch = event_new(base, -1, 0, on_batch, s);
+    s->queue_tail = &s->queue;
     connect_now(s);
     return &s->base;
 }
@@ -246,6 +263,9 @@ ric_idem_redis_close(ric_idem_store_t *base)
     struct event *limit;
     struct timeval tv;
 
+    if (s->queue != NULL) {
+        on_batch(-1, 0, s); /* the last settles of a stopping worker */
+    }
     if (s->ac != NULL && s->state == REDIS_UP && s->inflight > 0) {
         /* the last answers' settles must land, or their keys would stay
          * locked until idempotency_lock_ttl: wait for them, briefly */
@@ -264,153 +284,222 @@ ric_idem_redis_close(ric_idem_store_t *base)
     }
     event_free(s->retry_timer);
     event_free(s->connect_timer);
+    event_free(s->batch);
     free(s);
 }
-
-static void pending_free(pending_t *p);
 
 #define STALLED_MAX 3 /* claims in a row without an answer: the connection is dropped */
 
 static void
+item_free(item_t *it)
+{
+    free(it->rec);
+    free(it);
+}
+
+static void
 claim_over(ric_idem_op_t *op, int rc)
 {
-    event_free(op->timer);
-    op->timer = NULL;
+    if (op->timer != NULL) {
+        event_free(op->timer);
+        op->timer = NULL;
+    }
     op->pending = NULL;
     op->rc = rc;
     op->done(op);
 }
 
-static int send_command(pending_t *p);
-static void release_abandoned(const pending_t *claim);
-
-static void
-on_reply(redisAsyncContext *ac, void *reply_, void *privdata)
-{
-    redisReply *reply = reply_;
-    pending_t *p = privdata;
-    ric_idem_op_t *op = p->op;
-    int rc = RIC_ERROR;
-
-    (void) ac;
-    if (reply != NULL && reply->type == REDIS_REPLY_ERROR && !p->fell_back
-        && strncmp(reply->str, "NOSCRIPT", 8) == 0 && p->s->ac != NULL) {
-        p->fell_back = 1; /* flushed since we loaded it: EVAL loads it again */
-        if (send_command(p) == RIC_OK) {
-            return;
-        }
-    }
-    if (!p->claim) {
-        if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
-            ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": settling a key failed: %s",
-                          p->s->base.conf->spec,
-                          reply ? reply->str : "the connection was lost");
-        }
-        pending_free(p);
-        return;
-    }
-    if (reply != NULL) {
-        p->s->stalled = 0;
-    }
-    if (op == NULL) {
-        if (reply != NULL && reply->type == REDIS_REPLY_INTEGER) {
-            release_abandoned(p); /* it took the lock for nobody: let it go */
-        }
-        pending_free(p); /* its request gave up on it */
-        return;
-    }
-    if (reply == NULL) {
-        snprintf(op->error, sizeof(op->error), "the connection to Redis was lost");
-    } else if (reply->type == REDIS_REPLY_INTEGER) {
-        rc = RIC_IDEM_CLAIMED;
-    } else if (reply->type == REDIS_REPLY_STRING && reply->len >= RIC_IDEM_REC_HEAD) {
-        ric_buf_put(&op->found, reply->str, reply->len);
-        rc = RIC_IDEM_FOUND;
-    } else {
-        snprintf(op->error, sizeof(op->error), "Redis answered: %.150s",
-                 reply->type == REDIS_REPLY_ERROR ? reply->str : "an unexpected reply");
-    }
-    pending_free(p);
-    claim_over(op, rc);
-}
-
-static int
-send_command(pending_t *p)
-{
-    redis_store_t *s = p->s;
-    const char *argv[7];
-    size_t len[7];
-    char ttl[24];
-    int n = 0, rc;
-
-    /* argv, not a format: nothing to parse on the hot path */
-    argv[n] = p->fell_back ? "EVAL" : "EVALSHA";
-    len[n] = strlen(argv[n]);
-    n++;
-    argv[n] = p->claim ? (p->fell_back ? claim_lua : s->claim_sha)
-                       : (p->fell_back ? settle_lua : s->settle_sha);
-    len[n] = strlen(argv[n]);
-    n++;
-    argv[n] = "1";
-    len[n++] = 1;
-    argv[n] = p->key;
-    len[n++] = sizeof(p->key) - 1;
-    if (!p->claim) {
-        argv[n] = p->token;
-        len[n++] = RIC_IDEM_TOKEN_LEN;
-    }
-    argv[n] = p->arg ? (const char *) p->arg : "";
-    len[n++] = p->arg_len;
-    len[n] = (size_t) snprintf(ttl, sizeof(ttl), "%lld", p->ttl_ms);
-    argv[n++] = ttl;
-    rc = redisAsyncCommandArgv(s->ac, on_reply, p, n, argv, len);
-    return rc == REDIS_OK ? RIC_OK : RIC_ERROR;
-}
-
-static void
-pending_free(pending_t *p)
-{
-    p->s->inflight--;
-    free(p->arg);
-    free(p);
-}
-
-static pending_t *
-pending_new(redis_store_t *s, const u_char *key, const u_char *arg, size_t len, int64_t ttl_ms)
+/* A new op at the end of the turn's queue; key NULL: the caller fills
+ * it->key in. */
+static item_t *
+item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len, int64_t ttl_ms)
 {
     static const char hex[] = "0123456789abcdef";
-    pending_t *p = ric_xmalloc(sizeof(*p));
-    char *k = p->key + sizeof(KEY_PREFIX) - 1;
+    item_t *it = ric_xcalloc(1, sizeof(*it));
+    char *k = it->key + sizeof(KEY_PREFIX) - 1;
     int i;
 
-    memset(p, 0, offsetof(pending_t, key));
-    p->s = s;
-    s->inflight++;
-    memcpy(p->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
-    for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
+    memcpy(it->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
+    for (i = 0; key != NULL && i < RIC_IDEM_KEY_LEN; i++) {
         k[2 * i] = hex[key[i] >> 4];
         k[2 * i + 1] = hex[key[i] & 15];
     }
-    k[2 * RIC_IDEM_KEY_LEN] = '\0';
-    p->arg = NULL;
-    p->arg_len = 0;
-    if (arg != NULL) {
-        p->arg = ric_xmalloc(len ? len : 1);
-        memcpy(p->arg, arg, len);
-        p->arg_len = len;
+    if (rec != NULL) {
+        it->rec = ric_xmalloc(len ? len : 1);
+        memcpy(it->rec, rec, len);
+        it->len = len;
     }
-    p->ttl_ms = (long long) ric_max(ttl_ms, (int64_t) 1);
-    return p;
+    snprintf(it->ttl, sizeof(it->ttl), "%lld", (long long) ric_max(ttl_ms, (int64_t) 1));
+    if (s->queue == NULL) {
+        /* after the events of this turn: their ops join this call */
+        event_active(s->batch, EV_TIMEOUT, 1);
+    }
+    *s->queue_tail = it;
+    s->queue_tail = &it->next;
+    return it;
+}
+
+/* A claim whose request gave up (its answer came too late) but that took
+ * the lock: the lock goes, with the claim's own token. */
+static void
+release_abandoned(redis_store_t *s, const item_t *claim)
+{
+    item_t *it;
+
+    if (claim->rec == NULL || claim->len < RIC_IDEM_REC_HEAD) {
+        return;
+    }
+    it = item_new(s, NULL, NULL, 0, 1);
+    memcpy(it->key, claim->key, sizeof(it->key)); /* the claim's, already spelled out */
+    memcpy(it->token, claim->rec + RIC_IDEM_REC_TOKEN, RIC_IDEM_TOKEN_LEN);
+}
+
+static int send_batch(batch_t *b);
+
+/* What the items of one call have to hear: results in order, or the
+ * failure of them all (reply NULL or an error). */
+static void
+batch_over(batch_t *b, redisReply *reply)
+{
+    redis_store_t *s = b->s;
+    item_t *it, *next;
+    redisReply *r;
+    int i = 0, rc;
+    const char *why = reply == NULL ? "the connection to Redis was lost"
+                      : reply->type == REDIS_REPLY_ERROR ? reply->str
+                      : reply->type != REDIS_REPLY_ARRAY || (int) reply->elements != b->n
+                          ? "an unexpected reply" : NULL;
+
+    if (why != NULL && b->n > 0) {
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %d operation%s failed: %.150s",
+                      s->base.conf->spec, b->n, b->n > 1 ? "s" : "", why);
+    }
+    for (it = b->items; it; it = next, i++) {
+        next = it->next;
+        r = why == NULL ? reply->element[i] : NULL;
+        if (it->claim) {
+            rc = r == NULL ? RIC_ERROR
+                 : r->type == REDIS_REPLY_INTEGER ? RIC_IDEM_CLAIMED
+                 : r->type == REDIS_REPLY_STRING && r->len >= RIC_IDEM_REC_HEAD ? RIC_IDEM_FOUND
+                 : RIC_ERROR;
+            if (it->op == NULL) {
+                if (rc == RIC_IDEM_CLAIMED) {
+                    release_abandoned(s, it); /* it took the lock for nobody */
+                }
+            } else {
+                if (rc == RIC_IDEM_FOUND) {
+                    it->op->found.len = 0;
+                    ric_buf_put(&it->op->found, r->str, r->len);
+                } else if (rc == RIC_ERROR) {
+                    snprintf(it->op->error, sizeof(it->op->error), "%.150s",
+                             why ? why : "Redis answered something else");
+                }
+                claim_over(it->op, rc);
+            }
+        }
+        item_free(it);
+    }
+    free(b);
+}
+
+static void
+on_batch_reply(redisAsyncContext *ac, void *reply_, void *privdata)
+{
+    redisReply *reply = reply_;
+    batch_t *b = privdata;
+
+    (void) ac;
+    b->s->inflight--;
+    if (reply != NULL) {
+        b->s->stalled = 0;
+    }
+    if (reply != NULL && reply->type == REDIS_REPLY_ERROR && !b->fell_back
+        && strncmp(reply->str, "NOSCRIPT", 8) == 0 && b->s->ac != NULL) {
+        b->fell_back = 1; /* flushed since we loaded it: EVAL loads it again */
+        if (send_batch(b) == RIC_OK) {
+            return;
+        }
+    }
+    batch_over(b, reply);
+}
+
+static int
+send_batch(batch_t *b)
+{
+    redis_store_t *s = b->s;
+    int argc = 3 + 5 * b->n, n = 0, rc;
+    const char **argv = ric_xmalloc(sizeof(*argv) * (size_t) argc);
+    size_t *len = ric_xmalloc(sizeof(*len) * (size_t) argc);
+    char count[16];
+    item_t *it;
+
+    /* argv, not a format: nothing to parse on the hot path */
+    argv[n] = b->fell_back ? "EVAL" : "EVALSHA";
+    len[n] = strlen(argv[n]);
+    n++;
+    argv[n] = b->fell_back ? batch_lua : s->batch_sha;
+    len[n] = strlen(argv[n]);
+    n++;
+    len[n] = (size_t) snprintf(count, sizeof(count), "%d", b->n);
+    argv[n++] = count;
+    for (it = b->items; it; it = it->next) {
+        argv[n] = it->key;
+        len[n++] = sizeof(it->key) - 1;
+    }
+    for (it = b->items; it; it = it->next) {
+        argv[n] = it->claim ? "c" : "s";
+        len[n++] = 1;
+        argv[n] = it->claim ? (const char *) it->rec : it->token;
+        len[n++] = it->claim ? it->len : RIC_IDEM_TOKEN_LEN;
+        argv[n] = !it->claim && it->rec ? (const char *) it->rec : "";
+        len[n++] = !it->claim && it->rec ? it->len : 0;
+        argv[n] = it->ttl;
+        len[n++] = strlen(it->ttl);
+    }
+    rc = redisAsyncCommandArgv(s->ac, on_batch_reply, b, argc, argv, len);
+    free(argv);
+    free(len);
+    if (rc != REDIS_OK) {
+        return RIC_ERROR;
+    }
+    s->inflight++;
+    return RIC_OK;
+}
+
+/* The turn's ops go in calls of up to BATCH_MAX. */
+static void
+on_batch(evutil_socket_t fd, short what, void *arg)
+{
+    redis_store_t *s = arg;
+    item_t *it = s->queue, *last;
+    batch_t *b;
+
+    (void) fd;
+    (void) what;
+    s->queue = NULL;
+    s->queue_tail = &s->queue;
+    while (it != NULL) {
+        b = ric_xcalloc(1, sizeof(*b));
+        b->s = s;
+        b->items = it;
+        for (last = it, b->n = 1; last->next && b->n < BATCH_MAX; last = last->next) {
+            b->n++;
+        }
+        it = last->next;
+        last->next = NULL;
+        if (s->state != REDIS_UP || s->ac == NULL || send_batch(b) != RIC_OK) {
+            batch_over(b, NULL);
+        }
+    }
 }
 
 static void
 cancel_claim(ric_async_t *a)
 {
     ric_idem_op_t *op = a->data;
-    pending_t *p = op->pending;
 
-    if (p != NULL) {
-        p->op = NULL; /* the reply, when it comes, finds nobody */
+    if (op->pending != NULL) {
+        ((item_t *) op->pending)->op = NULL; /* its answer, when it comes, finds nobody */
     }
     op->pending = NULL;
     if (op->timer != NULL) {
@@ -423,16 +512,15 @@ static void
 on_claim_timeout(evutil_socket_t fd, short what, void *arg)
 {
     ric_idem_op_t *op = arg;
-    redis_store_t *s;
+    redis_store_t *s = (redis_store_t *) op->store;
 
     (void) fd;
     (void) what;
     if (op->pending != NULL) {
-        ((pending_t *) op->pending)->op = NULL;
+        ((item_t *) op->pending)->op = NULL;
     }
     snprintf(op->error, sizeof(op->error), "Redis did not answer within %d ms",
              RIC_IDEM_STORE_TIMEOUT_MS);
-    s = ((redis_store_t *) op->store);
     claim_over(op, RIC_ERROR);
     if (++s->stalled >= STALLED_MAX && s->ac != NULL) {
         ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %d answers in a row did not "
@@ -447,22 +535,17 @@ ric_idem_redis_claim(ric_idem_store_t *base, const u_char *key, const u_char *re
                      int64_t ttl_ms, ric_idem_op_t *op)
 {
     redis_store_t *s = (redis_store_t *) base;
-    pending_t *p;
+    item_t *it;
     struct timeval tv;
 
     if (s->state == REDIS_DOWN || s->ac == NULL) {
         snprintf(op->error, sizeof(op->error), "not connected to Redis");
         return op->rc = RIC_ERROR;
     }
-    p = pending_new(s, key, rec, len, ttl_ms);
-    p->claim = 1;
-    p->op = op;
-    if (send_command(p) != RIC_OK) {
-        pending_free(p);
-        snprintf(op->error, sizeof(op->error), "the command could not be queued");
-        return op->rc = RIC_ERROR;
-    }
-    op->pending = p;
+    it = item_new(s, key, rec, len, ttl_ms);
+    it->claim = 1;
+    it->op = op;
+    op->pending = it;
     op->timer = evtimer_new(s->ev, on_claim_timeout, op);
     tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);
     event_add(op->timer, &tv);
@@ -476,40 +559,13 @@ ric_idem_redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *t
                       const u_char *rec, size_t len, int64_t ttl_ms)
 {
     redis_store_t *s = (redis_store_t *) base;
-    pending_t *p;
+    item_t *it;
 
     if (s->state == REDIS_DOWN || s->ac == NULL) {
         ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": not connected: a key stays "
                       "locked until its idempotency_lock_ttl", s->base.conf->spec);
         return;
     }
-    p = pending_new(s, key, rec, rec ? len : 0, ttl_ms);
-    memcpy(p->token, token, RIC_IDEM_TOKEN_LEN);
-    if (send_command(p) != RIC_OK) {
-        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": a settle could not be sent: "
-                      "its key stays locked until idempotency_lock_ttl", s->base.conf->spec);
-        pending_free(p);
-    }
-}
-
-/* A claim whose request gave up (its answer came too late) but that took
- * the lock: the lock is released with the claim's own token. */
-static void
-release_abandoned(const pending_t *claim)
-{
-    redis_store_t *s = claim->s;
-    pending_t *p;
-
-    if (s->ac == NULL || claim->arg == NULL || claim->arg_len < RIC_IDEM_REC_HEAD) {
-        return;
-    }
-    p = ric_xcalloc(1, sizeof(*p));
-    p->s = s;
-    s->inflight++;
-    memcpy(p->key, claim->key, sizeof(p->key));
-    memcpy(p->token, claim->arg + RIC_IDEM_REC_TOKEN, RIC_IDEM_TOKEN_LEN);
-    p->ttl_ms = 1;
-    if (send_command(p) != RIC_OK) {
-        pending_free(p);
-    }
+    it = item_new(s, key, rec, rec ? len : 0, ttl_ms);
+    memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
 }

@@ -17,7 +17,7 @@ DURATION=${BENCH_DURATION:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 CONNS=${BENCH_CONNECTIONS:-50}
 WARMUP=${BENCH_WARMUP:-1}
-ROWS="none lmdb lmdb-sync redis"
+ROWS=${BENCH_ROWS:-"none lmdb lmdb-sync redis"}
 
 # die, need_tools, bench_tmpdir, free_ports, wait_port
 . contrib/bench/lib.sh
