@@ -27,7 +27,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all run test asan fuzz bench bench-faults install clean help deps deps-test deps-run
+.PHONY: all run test asan fuzz bench bench-faults bench-idempotency install clean help deps deps-test deps-run
 .DEFAULT_GOAL := all
 
 all: deps $(BUILD)/ricochet
@@ -42,6 +42,7 @@ help:
 	@echo "make bench      wrk against ricochet, nginx and HAProxy (contrib/bench): throughput,"
 	@echo "                then retries under injected upstream faults"
 	@echo "make bench-faults  only the fault scenarios (contrib/bench/faults.sh)"
+	@echo "make bench-idempotency  only the idempotency store's cost (contrib/bench/idempotency.sh)"
 	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
 	@echo "make clean      remove build outputs"
 
@@ -118,10 +119,15 @@ bench: $(BUILD)/ricochet $(BUILD)/openloop
 	@sh contrib/deps.sh bench
 	sh contrib/bench/run.sh
 	OPENLOOP_BIN=$(abspath $(BUILD))/openloop sh contrib/bench/faults.sh
+	sh contrib/bench/idempotency.sh
 
 bench-faults: $(BUILD)/ricochet $(BUILD)/openloop
 	@sh contrib/deps.sh bench
 	OPENLOOP_BIN=$(abspath $(BUILD))/openloop sh contrib/bench/faults.sh
+
+bench-idempotency: $(BUILD)/ricochet
+	@sh contrib/deps.sh bench
+	sh contrib/bench/idempotency.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/etc/ricochet

@@ -56,34 +56,23 @@ problem(ric_request_t *r, int status, const char *type, const char *title, const
 
 /* The stored answer, as it was, marked replayed. */
 static int
-replay(ric_request_t *r, const u_char *rec, size_t len)
+replay(ric_request_t *r, const ric_idem_record_t *rec)
 {
     static const char mark[] = "Idempotent-Replayed: true\r\n";
-    const u_char *p = rec + RIC_IDEM_REC_HEAD;
-    size_t flen;
-    int status;
+    size_t flen = rec->fields.len;
     u_char *fields;
 
-    if (len < RIC_IDEM_REC_HEAD + 6) {
-        return RIC_ERROR;
-    }
-    status = (p[0] << 8) | p[1];
-    flen = ((size_t) p[2] << 24) | ((size_t) p[3] << 16) | ((size_t) p[4] << 8) | p[5];
-    p += 6;
-    if (status < 100 || status > 599 || flen > len - RIC_IDEM_REC_HEAD - 6) {
-        return RIC_ERROR;
-    }
     fields = ric_palloc(r->pool, flen + sizeof(mark) - 1);
-    memcpy(fields, p, flen);
+    memcpy(fields, rec->fields.data, flen);
     memcpy(fields + flen, mark, sizeof(mark) - 1);
     r->own_custom = 1;
     r->own_typed = 1; /* the upstream's fields, Content-Type or not */
     r->own_fields.data = fields;
     r->own_fields.len = flen + sizeof(mark) - 1;
-    p += flen;
-    r->own_body.data = (const u_char *) ric_pstrndup(r->pool, (const char *) p, (size_t) (rec + len - p));
-    r->own_body.len = (size_t) (rec + len - p);
-    return ric_request_answer(r, status, 0);
+    r->own_body.data = (const u_char *) ric_pstrndup(r->pool, (const char *) rec->body.data,
+                                                     rec->body.len);
+    r->own_body.len = rec->body.len;
+    return ric_request_answer(r, rec->status, 0);
 }
 
 /* --- the key and the fingerprint ------------------------------------------- */
@@ -367,8 +356,7 @@ on_claimed(ric_idem_op_t *op)
 static int
 decide(ric_request_t *r, ric_idem_t *d)
 {
-    const u_char *rec = d->op.found.data;
-    size_t len = d->op.found.len;
+    ric_idem_record_t rec;
 
     switch (d->op.rc) {
     case RIC_IDEM_CLAIMED:
@@ -397,30 +385,32 @@ decide(ric_request_t *r, ric_idem_t *d)
                        "The gateway cannot check this idempotency key now; nothing was sent. "
                        "Retry the request later with the same key.");
     }
-    if (memcmp(rec + RIC_IDEM_REC_FP, d->fp, sizeof(d->fp)) != 0) {
+    if (ric_idem_record_parse(d->op.found.data, d->op.found.len, &rec) != RIC_OK) {
+        goto unreadable;
+    }
+    if (memcmp(rec.fp, d->fp, sizeof(d->fp)) != 0) {
         r->log.idempotency = "mismatch";
         return problem(r, 422, "idempotency-key-reused", "Idempotency key reused",
                        "This idempotency key was used for a different request (method, path, "
                        "query or body). Use a new key for a new request.");
     }
-    switch (rec[0]) {
+    switch (rec.state) {
     case RIC_IDEM_LOCKED:
         r->log.idempotency = "in_flight";
         return problem(r, 409, "idempotency-key-in-use", "Request in progress",
                        "A request with this idempotency key is being processed. Retry later "
                        "with the same key to get its answer.");
     case RIC_IDEM_DONE:
-        if (replay(r, rec, len) == RIC_DONE) {
-            r->log.idempotency = "replayed";
-            return RIC_DONE;
-        }
-        break;
-    case RIC_IDEM_DONE_BARE:
+        r->log.idempotency = "replayed";
+        return replay(r, &rec);
+    default:
         r->log.idempotency = "not_replayable";
         return problem(r, 409, "idempotency-answer-not-stored", "Request already completed",
                        "A request with this idempotency key completed, but its answer was too "
                        "large to keep (idempotency_max_body), so it cannot be replayed.");
     }
+
+unreadable:
     ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": a record that cannot be read, "
                   "client: %s", d->sc->spec, r->c->peer);
     snprintf(d->op.error, sizeof(d->op.error), "a record that cannot be read");

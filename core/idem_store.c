@@ -40,6 +40,39 @@ ric_idem_get64(const u_char *p)
 }
 
 int
+ric_idem_record_parse(const u_char *rec, size_t len, ric_idem_record_t *out)
+{
+    const u_char *p = rec + RIC_IDEM_REC_HEAD;
+    size_t flen;
+
+    memset(out, 0, sizeof(*out));
+    if (len < RIC_IDEM_REC_HEAD) {
+        return RIC_ERROR;
+    }
+    out->state = rec[0];
+    out->expires = ric_idem_get64(rec + RIC_IDEM_REC_EXPIRES);
+    out->fp = rec + RIC_IDEM_REC_FP;
+    out->token = rec + RIC_IDEM_REC_TOKEN;
+    if (out->state == RIC_IDEM_LOCKED || out->state == RIC_IDEM_DONE_BARE) {
+        return RIC_OK;
+    }
+    if (out->state != RIC_IDEM_DONE || len - RIC_IDEM_REC_HEAD < 6) {
+        return RIC_ERROR;
+    }
+    out->status = (p[0] << 8) | p[1];
+    flen = ((size_t) p[2] << 24) | ((size_t) p[3] << 16) | ((size_t) p[4] << 8) | p[5];
+    p += 6;
+    if (out->status < 100 || out->status > 599 || flen > (size_t) (rec + len - p)) {
+        return RIC_ERROR;
+    }
+    out->fields.data = p;
+    out->fields.len = flen;
+    out->body.data = p + flen;
+    out->body.len = (size_t) (rec + len - (p + flen));
+    return RIC_OK;
+}
+
+int
 ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
 {
     ric_idem_store_t *s;

@@ -54,6 +54,23 @@ struct ric_idem_store_conf_s {
 #define RIC_IDEM_REC_HEAD 57
 #define RIC_IDEM_KEY_LEN 32
 
+/* A record, read. Spans point into the bytes read. */
+typedef struct {
+    int state;          /* RIC_IDEM_LOCKED, _DONE or _DONE_BARE */
+    uint64_t expires;   /* Unix ms */
+    const u_char *fp;   /* 32 bytes */
+    const u_char *token;
+    int status;         /* _DONE: the answer's */
+    ric_str_t fields;   /* "Name: value\r\n" each */
+    ric_str_t body;
+} ric_idem_record_t;
+
+/* Reads a record as a store gave it back (it may come from another
+ * gateway, or be damaged). RIC_OK, or RIC_ERROR when it is not one: too
+ * short, an unknown state, a status outside 100..599, fields that do not
+ * fit. */
+int ric_idem_record_parse(const u_char *rec, size_t len, ric_idem_record_t *out);
+
 /* A store that does not answer within this long counts as unreachable. */
 #define RIC_IDEM_STORE_TIMEOUT_MS 1000
 
