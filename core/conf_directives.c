@@ -1124,9 +1124,9 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
         sc->path = ric_conf_full_path(cf->pool, cf->conf->prefix, a + 5);
         if (cf->nargs > 2) {
             if (strncmp(cf->args[2], "size=", 5) != 0
-                || ric_conf_parse_size(cf->args[2] + 5, &size) != RIC_OK || size < 32 * 1024) {
+                || ric_conf_parse_size(cf->args[2] + 5, &size) != RIC_OK || size < 1024 * 1024) {
                 return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected size=SIZE of at "
-                                       "least 32k", cf->args[2], cmd->name);
+                                       "least 1m", cf->args[2], cmd->name);
             }
         }
         sc->map_size = size;

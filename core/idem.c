@@ -4,7 +4,9 @@
 #include "headers.h"
 #include "log.h"
 #include "request.h"
+#include "worker.h"
 
+#include <event2/event_struct.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdio.h>
@@ -20,7 +22,8 @@ typedef struct ric_idem_s {
     u_char fp[32];     /* the request's fingerprint */
     u_char token[RIC_IDEM_TOKEN_LEN];
     u_char lock[RIC_IDEM_REC_HEAD];
-    int64_t claimed_ms; /* when the lock was last written (monotonic) */
+    struct event refresh; /* writes the lock again halfway through its TTL */
+    int refreshing;
     /* the answer, as the client got it */
     int captured;      /* its head was seen */
     int status;
@@ -33,11 +36,14 @@ typedef struct ric_idem_s {
 
 /* --- answers -------------------------------------------------------------- */
 
-/* An RFC 9457 problem answer. */
+/* An RFC 9457 problem answer; one worth retrying soon says when. */
 static int
 problem(ric_request_t *r, int status, const char *type, const char *title, const char *detail)
 {
     static const char ctype[] = "Content-Type: application/problem+json\r\n";
+    static const char ctype_later[] = "Content-Type: application/problem+json\r\n"
+                                      "Retry-After: 1\r\n";
+    int later = status == 503 || strcmp(type, "idempotency-key-in-use") == 0;
     char body[1024];
     int n;
 
@@ -47,8 +53,8 @@ problem(ric_request_t *r, int status, const char *type, const char *title, const
     n = ric_min(n, (int) sizeof(body) - 1);
     r->own_custom = 1;
     r->own_typed = 1;
-    r->own_fields.data = (const u_char *) ctype;
-    r->own_fields.len = sizeof(ctype) - 1;
+    r->own_fields.data = (const u_char *) (later ? ctype_later : ctype);
+    r->own_fields.len = later ? sizeof(ctype_later) - 1 : sizeof(ctype) - 1;
     r->own_body.data = (const u_char *) ric_pstrndup(r->pool, body, (size_t) n);
     r->own_body.len = (size_t) n;
     return ric_request_answer(r, status, 0);
@@ -95,12 +101,17 @@ request_key(ric_request_t *r, ric_str_t *key, const char **why)
             return 0;
         }
         if (ric_headers_count(r->c->in, r->msg, field) > 1) {
-            *why = "the request has more than one idempotency key field";
+            *why = "The request has more than one idempotency key field.";
             return -1;
+        }
+        if (key->len >= 2 && key->data[0] == '"' && key->data[key->len - 1] == '"') {
+            /* the draft's form, a structured-field string: "abc" is abc */
+            key->data++;
+            key->len -= 2;
         }
     }
     if (key->len > KEY_MAX_LEN) {
-        *why = "the idempotency key is longer than 255 bytes";
+        *why = "The idempotency key is longer than 255 bytes.";
         return -1;
     }
     return 1;
@@ -218,18 +229,20 @@ keep_body(ric_idem_t *d, const ric_request_t *r, const u_char *p, size_t n)
 }
 
 /* A lock lapses lock_ttl after it was written; a request still at work
- * halfway there (a long upload, a slow answer) writes it again. */
+ * halfway there (a slow upload, a slow upstream, a long answer) writes it
+ * again, so it lapses only when its gateway is gone. */
 static void
-keep_locked(ric_request_t *r, ric_idem_t *d)
+on_refresh(evutil_socket_t fd, short what, void *arg)
 {
-    int64_t now = ric_now_ms();
+    ric_request_t *r = arg;
+    ric_idem_t *d = r->idem;
+    struct timeval tv = ric_ms_to_tv(lock_ttl(r) / 2);
 
-    if (now - d->claimed_ms < lock_ttl(r) / 2) {
-        return;
-    }
-    d->claimed_ms = now;
+    (void) fd;
+    (void) what;
     record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
     ric_idem_store_settle(d->sc->store, d->key, d->token, d->lock, sizeof(d->lock), lock_ttl(r));
+    event_add(&d->refresh, &tv);
 }
 
 static void
@@ -242,7 +255,6 @@ tap(ric_request_t *r, const u_char *p, size_t n)
     size_t dlen;
     unsigned i;
 
-    keep_locked(r, d);
     if (p == NULL) {
         /* the head: the upstream's end-to-end fields, less what the
          * gateway sets itself when it answers */
@@ -316,6 +328,9 @@ settle_cleanup(void *data)
     ric_idem_t *d = r->idem;
     int retryable;
 
+    if (d->refreshing) {
+        event_del(&d->refresh);
+    }
     if (d->held && d->captured) {
         retryable = d->status >= 500 || d->status == 429 || r->not_retried != RIC_RETRY_YES;
         if (retryable) {
@@ -330,8 +345,9 @@ settle_cleanup(void *data)
         ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
         r->log.idempotency = "released";
     } else if (d->held) {
-        ric_log_error(RIC_LOG_WARN, 0, "a keyed request ended before its answer (%s): its key "
-                      "stays locked for idempotency_lock_ttl, client: %s",
+        ric_log_error(RIC_LOG_WARN, 0, "a keyed request to location \"%s\" ended before its "
+                      "answer (%s): its key stays locked for idempotency_lock_ttl, client: %s",
+                      r->location->path,
                       r->end == RIC_END_SHUTDOWN ? "the worker stopped" : "the client left",
                       r->c->peer);
         r->log.idempotency = "left_locked";
@@ -357,10 +373,15 @@ static int
 decide(ric_request_t *r, ric_idem_t *d)
 {
     ric_idem_record_t rec;
+    struct timeval tv;
 
     switch (d->op.rc) {
     case RIC_IDEM_CLAIMED:
         d->held = 1;
+        evtimer_assign(&d->refresh, r->c->worker->base, on_refresh, r);
+        tv = ric_ms_to_tv(lock_ttl(r) / 2);
+        event_add(&d->refresh, &tv);
+        d->refreshing = 1;
         r->tap = tap;
         /* a client that gives up does not stop what it started: the
          * answer is still kept, for its next try */
@@ -472,7 +493,6 @@ ric_idem_phase(ric_request_t *r)
     d->op.data = r;
     d->op.key = d->key;
     d->op.token = d->token;
-    d->claimed_ms = ric_now_ms();
     rc = ric_idem_store_claim(sc->store, d->key, d->lock, sizeof(d->lock), lock_ttl(r),
                               s->idempotency_sync == 1, &d->op);
     if (rc == RIC_AGAIN) {

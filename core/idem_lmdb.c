@@ -15,6 +15,7 @@
 #define SWEEP_BUSY_MS 50    /* ...and again this soon while it finds expired ones */
 #define ROOM_AT_ONCE 4096   /* records looked at to make room in a full map */
 #define HIGH_WATER_PCT 80   /* claims stop above this much of the map: deletes need room too */
+#define ANSWERS_PCT 90      /* answers are kept as "done" only above this much */
 
 typedef struct {
     ric_idem_store_t base;
@@ -235,7 +236,7 @@ make_room(lmdb_store_t *s)
  * claim is refused (as a full map) while deletes and settles still find
  * the pages they need. */
 static int
-nearly_full(lmdb_store_t *s, MDB_txn *txn)
+filled_over(lmdb_store_t *s, MDB_txn *txn, uint64_t extra, int pct)
 {
     MDB_stat st;
     uint64_t used, pages;
@@ -243,9 +244,16 @@ nearly_full(lmdb_store_t *s, MDB_txn *txn)
     if (mdb_stat(txn, s->dbi, &st) != 0 || st.ms_psize == 0) {
         return 0;
     }
-    used = (uint64_t) st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+    used = (uint64_t) st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages
+           + extra / st.ms_psize + 1;
     pages = (uint64_t) s->base.conf->map_size / st.ms_psize;
-    return used * 100 > pages * HIGH_WATER_PCT;
+    return used * 100 > pages * (uint64_t) pct;
+}
+
+static int
+nearly_full(lmdb_store_t *s, MDB_txn *txn)
+{
+    return filled_over(s, txn, 0, HIGH_WATER_PCT);
 }
 
 static void
@@ -445,6 +453,7 @@ settle_in(lmdb_store_t *s, MDB_txn *txn, const u_char *key, const u_char *token,
           const u_char *rec, size_t len)
 {
     MDB_val k, v;
+    u_char bare[RIC_IDEM_REC_HEAD];
     int rc;
 
     k.mv_data = (void *) key;
@@ -457,6 +466,13 @@ settle_in(lmdb_store_t *s, MDB_txn *txn, const u_char *key, const u_char *token,
     }
     if (rec == NULL) {
         return mdb_del(txn, s->dbi, &k, NULL);
+    }
+    if (len > RIC_IDEM_REC_HEAD && filled_over(s, txn, len, ANSWERS_PCT)) {
+        /* no room left for answers: the request still stays done */
+        memcpy(bare, rec, RIC_IDEM_REC_HEAD);
+        bare[0] = RIC_IDEM_DONE_BARE;
+        rec = bare;
+        len = sizeof(bare);
     }
     v.mv_data = (void *) rec;
     v.mv_size = len;

@@ -58,7 +58,11 @@ typedef struct {
     char batch_sha[41];
     struct event *batch;         /* runs after the turn's events */
     struct item_s *queue, **queue_tail;
+    struct item_s *unsure;       /* ops a lost connection left unknown: sent again on connect */
+    int nunsure;
 } redis_store_t;
+
+#define UNSURE_MAX 10000 /* ops kept for the next connection at most */
 
 /* A claim or a settle: queued for the turn's batch, then in flight; it
  * outlives a request that gave up on it. */
@@ -70,6 +74,7 @@ typedef struct item_s {
     size_t len;
     char token[RIC_IDEM_TOKEN_LEN];
     char ttl[24];
+    int kept;          /* moved to the unsure list: not freed with its batch */
     struct item_s *next;
 } item_t;
 
@@ -79,9 +84,11 @@ typedef struct {
     item_t *items;
     int n;
     int fell_back; /* EVAL sent after NOSCRIPT */
+    int sent;      /* it reached the connection: a lost one leaves it unknown */
 } batch_t;
 
 static void connect_now(redis_store_t *s);
+static void item_free(item_t *it);
 static void on_batch(evutil_socket_t fd, short what, void *arg);
 
 static void
@@ -111,6 +118,54 @@ schedule_reconnect(redis_store_t *s)
     s->retry_ms = ric_min(s->retry_ms * 2, (int64_t) RECONNECT_MAX_MS);
     tv = ric_ms_to_tv(ms);
     event_add(s->retry_timer, &tv);
+    if (s->queue != NULL && s->batch != NULL) {
+        event_active(s->batch, EV_TIMEOUT, 1); /* what waits for a connection fails now */
+    }
+}
+
+/* Connected (and in its database): what waited goes now, and what a lost
+ * connection left unknown goes again (token-guarded: harmless if done). */
+static void
+store_up(redis_store_t *s)
+{
+    struct item_s *it;
+
+    ric_log_error(s->failures > 0 ? RIC_LOG_NOTICE : RIC_LOG_INFO, 0,
+                  "idempotency store \"%s\": connected%s", s->base.conf->spec,
+                  s->failures > 0 ? " again" : "");
+    s->failures = 0;
+    s->state = REDIS_UP;
+    s->retry_ms = RECONNECT_MIN_MS;
+    while ((it = s->unsure) != NULL) {
+        s->unsure = it->next;
+        it->next = NULL;
+        *s->queue_tail = it;
+        s->queue_tail = &it->next;
+    }
+    s->nunsure = 0;
+    if (s->queue != NULL) {
+        event_active(s->batch, EV_TIMEOUT, 1);
+    }
+}
+
+static void
+on_select(redisAsyncContext *ac, void *reply_, void *privdata)
+{
+    redisReply *reply = reply_;
+    redis_store_t *s = privdata;
+
+    if (ac->data == NULL || reply == NULL) {
+        return; /* closing, or the connection is going anyway */
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+        /* never fall back to database 0: another store's records live there */
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": cannot select database %d: "
+                      "%.150s (retrying)", s->base.conf->spec, s->base.conf->db, reply->str);
+        s->failures++;
+        redisAsyncDisconnect(ac); /* on_disconnect schedules the next try */
+        return;
+    }
+    store_up(s);
 }
 
 static void
@@ -126,13 +181,10 @@ on_connect(const redisAsyncContext *ac, int status)
         return;
     }
     event_del(s->connect_timer);
-    if (s->failures > 0) {
-        ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": connected again",
-                      s->base.conf->spec);
+    if (s->base.conf->db == 0) {
+        store_up(s);
     }
-    s->failures = 0;
-    s->state = REDIS_UP;
-    s->retry_ms = RECONNECT_MIN_MS;
+    /* else SELECT's answer says */
 }
 
 static void
@@ -148,11 +200,9 @@ on_disconnect(const redisAsyncContext *ac, int status)
         event_base_loopbreak(s->ev); /* every answer is in */
         return;
     }
-    if (status != REDIS_OK) {
-        ric_log_error(s->failures++ == 0 ? RIC_LOG_ERR : RIC_LOG_INFO, 0,
-                      "idempotency store \"%s\": connection lost: %s (reconnecting)",
-                      s->base.conf->spec, ac->errstr);
-    }
+    ric_log_error(s->failures++ == 0 ? RIC_LOG_ERR : RIC_LOG_INFO, 0,
+                  "idempotency store \"%s\": connection lost: %s (reconnecting)",
+                  s->base.conf->spec, status != REDIS_OK ? ac->errstr : "closed by Redis");
     schedule_reconnect(s);
 }
 
@@ -221,7 +271,7 @@ connect_now(redis_store_t *s)
     /* queued behind the connect, in order: every later command finds the
      * scripts loaded and the database selected */
     if (s->base.conf->db != 0) {
-        redisAsyncCommand(ac, NULL, NULL, "SELECT %d", s->base.conf->db);
+        redisAsyncCommand(ac, on_select, s, "SELECT %d", s->base.conf->db);
     }
     redisAsyncCommand(ac, NULL, NULL, "SCRIPT LOAD %s", batch_lua);
     tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);
@@ -281,6 +331,11 @@ ric_idem_redis_close(ric_idem_store_t *base)
     if (s->ac != NULL) {
         s->ac->data = NULL;
         redisAsyncFree(s->ac); /* pending callbacks run now, with no reply */
+    }
+    while (s->unsure != NULL) {
+        item_t *it = s->unsure;
+        s->unsure = it->next;
+        item_free(it);
     }
     event_free(s->retry_timer);
     event_free(s->connect_timer);
@@ -356,6 +411,34 @@ release_abandoned(redis_store_t *s, const item_t *claim)
 
 static int send_batch(batch_t *b);
 
+/* An op whose connection was lost after it was sent: a claim becomes the
+ * release of its lock, a settle stays; both are token-guarded, so running
+ * them again does no harm. A settle is kept (it->kept) past its batch. */
+static void
+keep_unsure(redis_store_t *s, item_t *it)
+{
+    item_t *copy;
+
+    if (s->closing || s->nunsure >= UNSURE_MAX) {
+        return;
+    }
+    if (it->claim) {
+        if (it->rec == NULL || it->len < RIC_IDEM_REC_HEAD) {
+            return;
+        }
+        copy = ric_xcalloc(1, sizeof(*copy));
+        memcpy(copy->key, it->key, sizeof(copy->key));
+        memcpy(copy->token, it->rec + RIC_IDEM_REC_TOKEN, RIC_IDEM_TOKEN_LEN);
+        snprintf(copy->ttl, sizeof(copy->ttl), "1");
+    } else {
+        copy = it;
+        it->kept = 1;
+    }
+    copy->next = s->unsure;
+    s->unsure = copy;
+    s->nunsure++;
+}
+
 /* What the items of one call have to hear: results in order, or the
  * failure of them all (reply NULL or an error). */
 static void
@@ -376,6 +459,11 @@ batch_over(batch_t *b, redisReply *reply)
     }
     for (it = b->items; it; it = next, i++) {
         next = it->next;
+        if (reply == NULL && (b->sent || !it->claim)) {
+            /* it may have run, or a settle did not: both go again on the
+             * next connection */
+            keep_unsure(s, it);
+        }
         r = why == NULL ? reply->element[i] : NULL;
         if (it->claim) {
             rc = r == NULL ? RIC_ERROR
@@ -397,7 +485,9 @@ batch_over(batch_t *b, redisReply *reply)
                 claim_over(it->op, rc);
             }
         }
-        item_free(it);
+        if (!it->kept) {
+            item_free(it);
+        }
     }
     free(b);
 }
@@ -462,6 +552,7 @@ send_batch(batch_t *b)
     if (rc != REDIS_OK) {
         return RIC_ERROR;
     }
+    b->sent = 1;
     s->inflight++;
     return RIC_OK;
 }
@@ -476,6 +567,9 @@ on_batch(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
+    if (s->state == REDIS_CONNECTING) {
+        return; /* they go when it is up (or fail when it is not) */
+    }
     s->queue = NULL;
     s->queue_tail = &s->queue;
     while (it != NULL) {

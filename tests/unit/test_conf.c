@@ -160,9 +160,9 @@ test_idempotency(void)
 
     UNIT_CASE("one store shared, inherited, and off below");
     snprintf(text, sizeof(text),
-             "http {\n idempotency_store lmdb:%s/i.mdb size=64k;\n server {\n listen 127.0.0.1:1;\n"
+             "http {\n idempotency_store lmdb:%s/i.mdb size=2m;\n server {\n listen 127.0.0.1:1;\n"
              "  location /a { proxy_pass http://127.0.0.1:2; }\n"
-             "  location /b { idempotency_store lmdb:i.mdb size=64k; idempotency_store_failure open;"
+             "  location /b { idempotency_store lmdb:i.mdb size=2m; idempotency_store_failure open;"
              " proxy_pass http://127.0.0.1:2; }\n"
              "  location /c { idempotency_store off; proxy_pass http://127.0.0.1:2; }\n"
              "  location /r { idempotency_store redis://127.0.0.1:6390/2; proxy_pass http://127.0.0.1:2; }\n"
@@ -175,7 +175,7 @@ test_idempotency(void)
         c = b->next;
         UNIT_CHECK(a->refs.idempotency_store == b->refs.idempotency_store);
         UNIT_CHECK(a->refs.idempotency_store->kind == RIC_IDEM_STORE_LMDB);
-        UNIT_CHECK(a->refs.idempotency_store->map_size == 65536);
+        UNIT_CHECK(a->refs.idempotency_store->map_size == 2 * 1048576);
         UNIT_CHECK(b->settings.idempotency_store_failure == RIC_IDEM_FAIL_OPEN);
         UNIT_CHECK(c->refs.idempotency_store->kind == RIC_IDEM_STORE_OFF);
         UNIT_CHECK(c->next->refs.idempotency_store->kind == RIC_IDEM_STORE_REDIS);
@@ -195,7 +195,7 @@ test_idempotency(void)
                 "invalid \"redis://127.0.0.1:6379/x\" in \"idempotency_store\": expected "
                 "redis://HOST:PORT[/DB]");
     check_error("lmdb size", "http {\n idempotency_store lmdb:x.mdb size=1k;\n}\n", 2,
-                "invalid \"size=1k\" in \"idempotency_store\": expected size=SIZE of at least 32k");
+                "invalid \"size=1k\" in \"idempotency_store\": expected size=SIZE of at least 1m");
     check_error("lmdb dir", "http {\n idempotency_store lmdb:/nonexistent/x.mdb;\n}\n", 2,
                 "idempotency store \"lmdb:/nonexistent/x.mdb\": cannot open LMDB file "
                 "\"/nonexistent/x.mdb\": No such file or directory");
