@@ -1102,7 +1102,7 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
     ric_idem_store_conf_t *sc, *same;
     const char *dup = ref_duplicate(cf, cmd), *a = cf->args[1], *reason;
     char err[1024];
-    int64_t size = 1LL << 30;
+    int64_t size = 256LL << 20;
 
     (void) conf;
     if (dup != NULL) {

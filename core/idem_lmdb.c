@@ -3,6 +3,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -278,13 +279,38 @@ on_tick(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* Reserves the file's size on disk. A page written through the map that
+ * the filesystem cannot back (a full disk) kills the process with SIGBUS,
+ * where a write(2) would return ENOSPC: the map is written in place only
+ * when every page of it is reserved. 1: reserved; 0: the filesystem cannot
+ * reserve (the map is then written with pwrite); -1 with errno: no. */
+static int
+reserve(const char *path, int64_t size)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600), rc, e;
+
+    if (fd == -1) {
+        return -1;
+    }
+    /* the blocks, not the length: LMDB makes a new file its own only while
+     * it is empty, and gives it its length itself */
+    rc = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t) size);
+    e = errno;
+    close(fd);
+    errno = e;
+    if (rc == 0) {
+        return 1;
+    }
+    return errno == EOPNOTSUPP || errno == ENOSYS ? 0 : -1;
+}
+
 ric_idem_store_t *
 ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t errlen)
 {
     lmdb_store_t *s = ric_xcalloc(1, sizeof(*s));
     MDB_txn *txn;
     struct timeval tv;
-    int rc, dead;
+    int rc, dead, reserved;
 
     s->base.kind = RIC_IDEM_STORE_LMDB;
     s->base.conf = sc;
@@ -298,11 +324,24 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
         goto failed;
     }
     /* one file, shared by every worker; fsync is ours to schedule. The
-     * map is written in place (WRITEMAP): no copy of each dirty page per
-     * commit, and what a commit wrote is in the page cache, so a gateway
-     * that crashes loses nothing */
+     * map is written in place (WRITEMAP) where it is reserved on disk: no
+     * copy of each dirty page per commit, and what a commit wrote is in
+     * the page cache, so a gateway that crashes loses nothing */
+    reserved = reserve(sc->path, sc->map_size);
+    if (reserved < 0) {
+        rc = errno;
+        if (rc == ENOSPC || rc == EDQUOT || rc == EFBIG) {
+            snprintf(err, errlen, "cannot reserve the %lld bytes of the LMDB map \"%s\" on "
+                     "disk: %s (lower size=, or free space)", (long long) sc->map_size,
+                     sc->path, strerror(rc));
+            ric_idem_lmdb_close(&s->base);
+            return NULL;
+        }
+        goto failed;
+    }
     rc = mdb_env_open(s->env, sc->path,
-                      MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC | MDB_WRITEMAP | MDB_MAPASYNC, 0600);
+                      MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC
+                          | (reserved ? MDB_WRITEMAP | MDB_MAPASYNC : 0), 0600);
     if (rc != 0) {
         goto failed;
     }

@@ -199,6 +199,13 @@ test_idempotency(void)
     check_error("lmdb dir", "http {\n idempotency_store lmdb:/nonexistent/x.mdb;\n}\n", 2,
                 "idempotency store \"lmdb:/nonexistent/x.mdb\": cannot open LMDB file "
                 "\"/nonexistent/x.mdb\": No such file or directory");
+    UNIT_CASE("a map that does not fit on the disk");
+    snprintf(text, sizeof(text), "http {\n idempotency_store lmdb:%s/huge.mdb size=100000g;\n}\n", dir);
+    conf = load(text, err, sizeof(err));
+    UNIT_CHECK(conf == NULL);
+    UNIT_CHECK(strstr(err, "t.conf:2: idempotency store") != NULL
+               && strstr(err, "cannot reserve the 107374182400000 bytes of the LMDB map") != NULL);
+    ric_conf_free(conf);
     check_error("store failure", "http {\n idempotency_store_failure maybe;\n}\n", 2,
                 "invalid value \"maybe\" in \"idempotency_store_failure\" directive, it must be "
                 "\"closed\" or \"open\"");
