@@ -340,7 +340,7 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
         goto failed;
     }
     rc = mdb_env_open(s->env, sc->path,
-                      MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC
+                      MDB_NOSUBDIR | MDB_NOTLS | MDB_NOSYNC | MDB_NORDAHEAD
                           | (reserved ? MDB_WRITEMAP | MDB_MAPASYNC : 0), 0600);
     if (rc != 0) {
         goto failed;
