@@ -314,6 +314,7 @@ store_answer(ric_request_t *r, ric_idem_t *d, int bare)
                           r->settings->idempotency_ttl);
     ric_buf_free(&rec);
     r->log.idempotency = bare ? "stored_bare" : "stored";
+    ric_idem_count(d->sc, RIC_IDEM_N_STORED);
 }
 
 /* A final answer from the upstream is kept; a retryable failure (a 5xx,
@@ -336,6 +337,7 @@ settle_cleanup(void *data)
         if (retryable) {
             ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
             r->log.idempotency = "released";
+            ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
         } else {
             /* an answer broken off on its way still happened upstream */
             store_answer(r, d, d->too_large || r->end != RIC_END_ANSWERED);
@@ -344,6 +346,7 @@ settle_cleanup(void *data)
         /* the gateway's own answer (502, 504...): the upstream gave none */
         ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
         r->log.idempotency = "released";
+        ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
     } else if (d->held) {
         ric_log_error(RIC_LOG_WARN, 0, "a keyed request to location \"%s\" ended before its "
                       "answer (%s): its key stays locked for idempotency_lock_ttl, client: %s",
@@ -387,6 +390,7 @@ decide(ric_request_t *r, ric_idem_t *d)
          * answer is still kept, for its next try */
         r->outlives_client = 1;
         r->log.idempotency = "claimed";
+        ric_idem_count(d->sc, RIC_IDEM_N_CLAIMED);
         return RIC_OK;
     case RIC_IDEM_FOUND:
         break;
@@ -396,12 +400,14 @@ decide(ric_request_t *r, ric_idem_t *d)
                           "on without dedupe (idempotency_store_failure open), client: %s",
                           d->sc->spec, d->op.error, r->c->peer);
             r->log.idempotency = "store_failed_open";
+            ric_idem_count(d->sc, RIC_IDEM_N_PASSED_OPEN);
             return RIC_OK;
         }
         ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s: answering 503 "
                       "(idempotency_store_failure closed), client: %s", d->sc->spec,
                       d->op.error, r->c->peer);
         r->log.idempotency = "store_failed";
+        ric_idem_count(d->sc, RIC_IDEM_N_STORE_FAILED);
         return problem(r, 503, "idempotency-store-unavailable", "Idempotency store unavailable",
                        "The gateway cannot check this idempotency key now; nothing was sent. "
                        "Retry the request later with the same key.");
@@ -411,6 +417,7 @@ decide(ric_request_t *r, ric_idem_t *d)
     }
     if (memcmp(rec.fp, d->fp, sizeof(d->fp)) != 0) {
         r->log.idempotency = "mismatch";
+        ric_idem_count(d->sc, RIC_IDEM_N_MISMATCH);
         return problem(r, 422, "idempotency-key-reused", "Idempotency key reused",
                        "This idempotency key was used for a different request (method, path, "
                        "query or body). Use a new key for a new request.");
@@ -418,14 +425,17 @@ decide(ric_request_t *r, ric_idem_t *d)
     switch (rec.state) {
     case RIC_IDEM_LOCKED:
         r->log.idempotency = "in_flight";
+        ric_idem_count(d->sc, RIC_IDEM_N_IN_FLIGHT);
         return problem(r, 409, "idempotency-key-in-use", "Request in progress",
                        "A request with this idempotency key is being processed. Retry later "
                        "with the same key to get its answer.");
     case RIC_IDEM_DONE:
         r->log.idempotency = "replayed";
+        ric_idem_count(d->sc, RIC_IDEM_N_REPLAYED);
         return replay(r, &rec);
     default:
         r->log.idempotency = "not_replayable";
+        ric_idem_count(d->sc, RIC_IDEM_N_NOT_REPLAYABLE);
         return problem(r, 409, "idempotency-answer-not-stored", "Request already completed",
                        "A request with this idempotency key completed, but its answer was too "
                        "large to keep (idempotency_max_body), so it cannot be replayed.");

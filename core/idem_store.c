@@ -1,6 +1,8 @@
 /* idem_store.c: opening the idempotency stores in a worker, and the one claim/settle interface over LMDB and Redis. */
 #include "idem_store.h"
+#include "conf.h"
 #include "log.h"
+#include "shm.h"
 
 #include <stdio.h>
 #include <time.h>
@@ -69,6 +71,25 @@ ric_idem_record_parse(const u_char *rec, size_t len, ric_idem_record_t *out)
     out->fields.len = flen;
     out->body.data = p + flen;
     out->body.len = (size_t) (rec + len - (p + flen));
+    return RIC_OK;
+}
+
+int
+ric_idem_store_share(ric_conf_t *conf, struct ric_shm_s *zone, char *err, size_t errlen)
+{
+    ric_idem_store_conf_t *sc;
+    char name[600];
+    int created;
+
+    for (sc = conf->http ? conf->http->idem_stores : NULL; sc; sc = sc->next) {
+        snprintf(name, sizeof(name), "idempotency:%s",
+                 sc->kind == RIC_IDEM_STORE_LMDB ? sc->path : sc->spec);
+        sc->counters = ric_shm_entry(zone, name, sizeof(ric_idem_counters_t), &created);
+        if (sc->counters == NULL) {
+            snprintf(err, errlen, "the shared memory zone has no room for \"%s\"", name);
+            return RIC_ERROR;
+        }
+    }
     return RIC_OK;
 }
 

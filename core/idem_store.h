@@ -17,6 +17,25 @@ typedef struct ric_idem_store_s ric_idem_store_t;
 typedef struct ric_idem_store_conf_s ric_idem_store_conf_t;
 typedef struct ric_idem_op_s ric_idem_op_t;
 
+/* What a store's requests met, counted by every worker in the shared zone
+ * (for metrics): indexes into ric_idem_counters_t.n. */
+typedef enum {
+    RIC_IDEM_N_CLAIMED = 0,
+    RIC_IDEM_N_REPLAYED,
+    RIC_IDEM_N_IN_FLIGHT,      /* 409: a repeat while the first runs */
+    RIC_IDEM_N_MISMATCH,       /* 422 */
+    RIC_IDEM_N_NOT_REPLAYABLE, /* 409: done, its answer not kept */
+    RIC_IDEM_N_STORED,
+    RIC_IDEM_N_RELEASED,
+    RIC_IDEM_N_STORE_FAILED,   /* 503 (closed) */
+    RIC_IDEM_N_PASSED_OPEN,    /* passed on without dedupe (open) */
+    RIC_IDEM_N_MAX
+} ric_idem_count_t;
+
+typedef struct {
+    uint64_t n[RIC_IDEM_N_MAX];
+} ric_idem_counters_t;
+
 /* One `idempotency_store` value; routes naming the same store share one. */
 struct ric_idem_store_conf_s {
     ric_idem_store_kind_t kind;
@@ -30,6 +49,7 @@ struct ric_idem_store_conf_s {
     const char *file;    /* where it was first named, for errors */
     int line;
     ric_idem_store_t *store; /* this worker's open store (opened after fork) */
+    ric_idem_counters_t *counters; /* in the shared zone; NULL: not counted */
     ric_idem_store_conf_t *next;
 };
 
@@ -101,6 +121,20 @@ struct ric_idem_op_s {
     uint64_t sync_gen; /* LMDB: the flush that makes the lock durable */
     ric_idem_op_t *next;
 };
+
+/* Gives every store of conf its counters in the shared zone (the master,
+ * before the first fork). RIC_OK, or RIC_ERROR with a reason in err. */
+struct ric_shm_s;
+int ric_idem_store_share(ric_conf_t *conf, struct ric_shm_s *zone, char *err, size_t errlen);
+
+/* Counts one of what a store's request met. */
+static inline void
+ric_idem_count(const ric_idem_store_conf_t *sc, ric_idem_count_t what)
+{
+    if (sc != NULL && sc->counters != NULL) {
+        __atomic_fetch_add(&sc->counters->n[what], 1, __ATOMIC_RELAXED);
+    }
+}
 
 /* Checks that a store can be used (LMDB: opens, creates the file, and
  * closes it again), in the master before any worker starts. RIC_OK, or

@@ -1,6 +1,7 @@
 /* main.c: the command line: run, test a config (-t), signal a master (-s), print versions (-v). */
 #include "access_log.h"
 #include "conf.h"
+#include "idem_store.h"
 #include "log.h"
 #include "plan.h"
 #include "process.h"
@@ -254,7 +255,8 @@ main(int argc, char **argv)
         ric_conf_free(conf);
         return 1;
     }
-    if (ric_upstream_share(conf, zone, err, sizeof(err)) != RIC_OK) {
+    if (ric_upstream_share(conf, zone, err, sizeof(err)) != RIC_OK
+        || ric_idem_store_share(conf, zone, err, sizeof(err)) != RIC_OK) {
         fprintf(stderr, "ricochet: %s\n", err);
         ric_shm_destroy(zone);
         ric_conf_free(conf);

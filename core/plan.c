@@ -1,5 +1,7 @@
 /* plan.c: prints each route's wait windows, worst case and impossible attempts against retry_timeout. */
 #include "plan.h"
+#include "idem.h"
+#include "idem_store.h"
 #include "backoff.h"
 #include "retry.h"
 
@@ -17,6 +19,33 @@ fmt_ms(int64_t ms, char *buf, size_t size)
         snprintf(buf, size, "%lldms", (long long) ms);
     }
     return buf;
+}
+
+
+/* The location's idempotency store, when it has one. */
+static void
+print_idempotency(const ric_location_conf_t *l, FILE *out)
+{
+    const ric_http_settings_t *st = &l->settings;
+    const ric_idem_store_conf_t *sc = l->refs.idempotency_store;
+    char a[32], b[32];
+
+    if (sc == NULL || sc->kind == RIC_IDEM_STORE_OFF) {
+        if (st->idempotency_required) {
+            fprintf(out, "  idempotency: no store; a POST or PATCH without a key gets 400 "
+                    "(idempotency_required)\n");
+        }
+        return;
+    }
+    fprintf(out, "  idempotency: keyed POST/PATCH deduped in %s (first named %s:%d); answers kept "
+            "%s, a lock lapses %s after its gateway is gone; store unreachable: %s%s%s\n",
+            sc->spec, sc->file, sc->line, fmt_ms(st->idempotency_ttl, a, sizeof(a)),
+            fmt_ms(ric_max(st->idempotency_lock_ttl, st->retry_timeout), b, sizeof(b)),
+            st->idempotency_store_failure == RIC_IDEM_FAIL_OPEN ? "passed on without dedupe"
+                                                                : "503",
+            st->idempotency_required ? "; a request without a key gets 400" : "",
+            st->idempotency_key == RIC_IDEMPOTENCY_OFF ? "; sent POSTs are not retried (idempotency_key off)"
+                                                : "");
 }
 
 static void
@@ -102,6 +131,7 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
         fprintf(out, "  warning: %d of the %d retries can never happen within retry_timeout; "
                 "lower retry_attempts or retry_backoff, or raise retry_timeout\n", never, shown);
     }
+    print_idempotency(l, out);
     fprintf(out, "\n");
 }
 

@@ -470,6 +470,29 @@ describe("the Redis idempotency store", function()
 end)
 
 describe("idempotency_store in the config", function()
+    it("is shown by ricochet plan for each location that has one", function()
+        local dir = H.mkdtemp("idemplan")
+        H.write_file(dir .. "/plan.conf", ([[
+http {
+    upstream up { server 127.0.0.1:1; }
+    server {
+        listen 127.0.0.1:1;
+        idempotency_store lmdb:%s/i.mdb;
+        location /pay { idempotency_lock_ttl 90s; idempotency_store_failure open; proxy_pass http://up; }
+        location /free { idempotency_store off; proxy_pass http://up; }
+    }
+}
+]]):format(dir))
+        local code, out = H.run({ H.bin(), "plan", "-c", dir .. "/plan.conf" })
+        os.execute("rm -rf " .. H.shell_quote(dir))
+        assert.equal(0, code, out)
+        local pay = out:match("location /pay.-\n\n")
+        assert.truthy(pay and pay:find("idempotency: keyed POST/PATCH deduped in lmdb:", 1, true), out)
+        assert.truthy(pay:find("a lock lapses 90s after its gateway is gone; store unreachable: passed on without dedupe", 1, true), out)
+        local free = out:match("location /free.-\n\n")
+        assert.is_nil(free and free:find("idempotency:", 1, true), out)
+    end)
+
     it("refuses an unusable LMDB path and a bad Redis URL with FILE:LINE", function()
         local conf = [[
 http {
