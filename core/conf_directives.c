@@ -81,22 +81,37 @@ set_num(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return set_int64(cf, cmd, conf, ric_conf_parse_number, "expected a non-negative integer");
 }
 
+/* A value named by one of a fixed list of words (NULL-ended); hint says
+ * which, when the value is another. */
+typedef struct {
+    const char *word;
+    int64_t value;
+} conf_word_t;
+
 static const char *
-set_flag(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+set_word(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf, const conf_word_t *words,
+         const char *hint)
 {
     const char *dup = check_unset(cf, cmd, conf);
 
     if (dup) {
         return dup;
     }
-    if (strcmp(cf->args[1], "on") == 0) {
-        *field_at(conf, cmd) = 1;
-    } else if (strcmp(cf->args[1], "off") == 0) {
-        *field_at(conf, cmd) = 0;
-    } else {
-        return bad_value(cf, cmd, "it must be \"on\" or \"off\"");
+    for (; words->word != NULL; words++) {
+        if (strcmp(cf->args[1], words->word) == 0) {
+            *field_at(conf, cmd) = words->value;
+            return NULL;
+        }
     }
-    return NULL;
+    return bad_value(cf, cmd, hint);
+}
+
+static const char *
+set_flag(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    static const conf_word_t words[] = { { "on", 1 }, { "off", 0 }, { NULL, 0 } };
+
+    return set_word(cf, cmd, conf, words, "it must be \"on\" or \"off\"");
 }
 
 static const char *
@@ -1016,22 +1031,12 @@ bad_ratio:
 static const char *
 set_idempotency_key(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    const char *dup = check_unset(cf, cmd, conf);
-    const char *a = cf->args[1];
+    static const conf_word_t words[] = {
+        { "off", RIC_IDEMPOTENCY_OFF }, { "on", RIC_IDEMPOTENCY_ON },
+        { "auto", RIC_IDEMPOTENCY_AUTO }, { NULL, 0 }
+    };
 
-    if (dup) {
-        return dup;
-    }
-    if (strcmp(a, "off") == 0) {
-        *field_at(conf, cmd) = RIC_IDEMPOTENCY_OFF;
-    } else if (strcmp(a, "on") == 0) {
-        *field_at(conf, cmd) = RIC_IDEMPOTENCY_ON;
-    } else if (strcmp(a, "auto") == 0) {
-        *field_at(conf, cmd) = RIC_IDEMPOTENCY_AUTO;
-    } else {
-        return bad_value(cf, cmd, "it must be \"off\", \"on\" or \"auto\"");
-    }
-    return NULL;
+    return set_word(cf, cmd, conf, words, "it must be \"off\", \"on\" or \"auto\"");
 }
 
 /* The part of "redis://HOST[:PORT][/DB]" after the scheme, resolved now
@@ -1170,19 +1175,11 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
 static const char *
 set_store_failure(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
-    const char *dup = check_unset(cf, cmd, conf);
+    static const conf_word_t words[] = {
+        { "closed", RIC_IDEM_FAIL_CLOSED }, { "open", RIC_IDEM_FAIL_OPEN }, { NULL, 0 }
+    };
 
-    if (dup) {
-        return dup;
-    }
-    if (strcmp(cf->args[1], "closed") == 0) {
-        *field_at(conf, cmd) = RIC_IDEM_FAIL_CLOSED;
-    } else if (strcmp(cf->args[1], "open") == 0) {
-        *field_at(conf, cmd) = RIC_IDEM_FAIL_OPEN;
-    } else {
-        return bad_value(cf, cmd, "it must be \"closed\" or \"open\"");
-    }
-    return NULL;
+    return set_word(cf, cmd, conf, words, "it must be \"closed\" or \"open\"");
 }
 
 static const char *
