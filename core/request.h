@@ -22,7 +22,7 @@ typedef enum {
     RIC_PHASE_ROUTE = 0,   /* server and location */
     RIC_PHASE_BODY,        /* buffer the body for replay, or start streaming it */
     RIC_PHASE_ON_REQUEST,  /* the route script's on_request: after the body, so req:body() has it */
-    RIC_PHASE_IDEMPOTENCY, /* the idempotency store's lookup (issue 10) */
+    RIC_PHASE_IDEMPOTENCY, /* idem.c: claim the key, or answer from the store */
     RIC_PHASE_ATTEMPTS,    /* attempt.c: tries, waits, the answer chosen */
     RIC_PHASE_RESPOND,     /* respond.c: the answer goes to the client */
     RIC_PHASE_LOG,         /* finalize: cleanups, access log */
