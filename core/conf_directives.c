@@ -7,6 +7,7 @@
 #include "retry.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <glob.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -1039,19 +1040,82 @@ set_idempotency_key(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return set_word(cf, cmd, conf, words, "it must be \"off\", \"on\" or \"auto\"");
 }
 
-/* The part of "redis://HOST[:PORT][/DB]" after the scheme, resolved now
+/* s[0..n) with %XX decoded, NUL-terminated (pool); NULL when malformed. */
+static char *
+percent_decode(ric_conf_parse_t *cf, const char *s, size_t n)
+{
+    char *out = ric_palloc(cf->pool, n + 1), *o = out, hex[3] = { 0, 0, 0 };
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        if (s[i] != '%') {
+            *o++ = s[i];
+            continue;
+        }
+        if (i + 2 >= n) {
+            return NULL; /* a % without its two digits */
+        }
+        hex[0] = s[i + 1];
+        hex[1] = s[i + 2];
+        if (!isxdigit((unsigned char) hex[0]) || !isxdigit((unsigned char) hex[1])) {
+            return NULL;
+        }
+        *o++ = (char) strtol(hex, NULL, 16);
+        i += 2;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* What a redis:// value shows in logs and errors: its password masked. */
+static char *
+redis_shown(ric_conf_parse_t *cf, const char *a)
+{
+    const char *auth = a + 8, *slash = strchr(auth, '/'), *at, *colon;
+    size_t alen = slash ? (size_t) (slash - auth) : strlen(auth);
+    char *out;
+
+    at = memrchr(auth, '@', alen);
+    if (at == NULL) {
+        return ric_pstrdup(cf->pool, a);
+    }
+    colon = memchr(auth, ':', (size_t) (at - auth));
+    out = ric_palloc(cf->pool, strlen(a) + 8);
+    snprintf(out, strlen(a) + 8, "redis://%.*s:***%s", colon ? (int) (colon - auth) : 0, auth,
+             at);
+    return out;
+}
+
+/* The part of "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" after the scheme, resolved now
  * (the worker's loop must never wait on a resolver). NULL or a reason. */
 static const char *
 parse_redis(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, ric_idem_store_conf_t *sc,
             const char *rest)
 {
     struct addrinfo hints, *res;
-    const char *slash = strchr(rest, '/'), *colon;
+    const char *slash = strchr(rest, '/'), *colon, *at;
     char host[256], port[16] = "6379";
     int64_t n;
     size_t hlen;
     int rc;
 
+    /* [[USER]:PASSWORD@]: the credentials, percent-decoded */
+    hlen = slash ? (size_t) (slash - rest) : strlen(rest);
+    at = memrchr(rest, '@', hlen);
+    if (at != NULL) {
+        colon = memchr(rest, ':', (size_t) (at - rest));
+        if (colon != NULL) {
+            sc->user = colon > rest ? percent_decode(cf, rest, (size_t) (colon - rest)) : NULL;
+            sc->password = percent_decode(cf, colon + 1, (size_t) (at - colon - 1));
+        } else {
+            sc->password = percent_decode(cf, rest, (size_t) (at - rest));
+        }
+        if (sc->password == NULL || sc->password[0] == '\0') {
+            goto bad;
+        }
+        rest = at + 1;
+        slash = strchr(rest, '/');
+    }
     hlen = slash ? (size_t) (slash - rest) : strlen(rest);
     colon = memchr(rest, ':', hlen);
     if (colon != NULL) {
@@ -1079,7 +1143,7 @@ parse_redis(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, ric_idem_store_conf
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     if ((rc = getaddrinfo(host, port, &hints, &res)) != 0) {
-        return ric_conf_reason(cf, "host not found in \"%s\" of \"%s\": %s", cf->args[1],
+        return ric_conf_reason(cf, "host not found in \"%s\" of \"%s\": %s", sc->spec,
                                cmd->name, gai_strerror(rc));
     }
     if (res->ai_family == AF_INET6) {
@@ -1093,11 +1157,11 @@ parse_redis(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, ric_idem_store_conf
     sc->host = ric_pstrdup(cf->pool, host);
     return NULL;
 bad:
-    return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected redis://HOST:PORT[/DB]",
-                           cf->args[1], cmd->name);
+    return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected "
+                           "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]", sc->spec, cmd->name);
 }
 
-/* idempotency_store off | lmdb:PATH [size=SIZE] | redis://HOST:PORT[/DB].
+/* idempotency_store off | lmdb:PATH [size=SIZE] | redis://[[USER]:PASSWORD@]HOST[:PORT][/DB].
  * Routes naming the same store share it; an LMDB file is opened now, so
  * a path that cannot be used is this line's error. */
 static const char *
@@ -1141,10 +1205,10 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
             return ric_conf_reason(cf, "a redis:// store takes no options: \"%s\"", cf->args[2]);
         }
         sc->kind = RIC_IDEM_STORE_REDIS;
+        sc->spec = redis_shown(cf, a);
         if ((reason = parse_redis(cf, cmd, sc, a + 8)) != NULL) {
             return reason;
         }
-        sc->spec = ric_pstrdup(cf->pool, a);
     } else {
         return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected off, lmdb:PATH or "
                                "redis://HOST:PORT[/DB]", a, cmd->name);
@@ -1153,8 +1217,11 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
         if (same->kind != sc->kind) {
             continue;
         }
-        if (sc->kind == RIC_IDEM_STORE_LMDB ? strcmp(same->path, sc->path) == 0
-                                            : strcmp(same->spec, sc->spec) == 0) {
+        if (sc->kind == RIC_IDEM_STORE_LMDB
+                ? strcmp(same->path, sc->path) == 0
+                : strcmp(same->spec, sc->spec) == 0
+                      && strcmp(same->password ? same->password : "",
+                                sc->password ? sc->password : "") == 0) {
             if (sc->kind == RIC_IDEM_STORE_LMDB && same->map_size != sc->map_size) {
                 return ric_conf_reason(cf, "\"%s\" is named with another size= in %s:%d", a,
                                        same->file, same->line);
@@ -1346,7 +1413,7 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       REFS(idempotency_key_header), "Idempotency-Key", "the idempotency key's header" },
     { "idempotency_store", SETTINGS_CTX, RIC_CONF_TAKE12 | RIC_CONF_REF, set_idempotency_store,
       REFS(idempotency_store), "off",
-      "off | lmdb:PATH [size=SIZE] | redis://HOST:PORT[/DB]: dedupe keyed requests at the gateway" },
+      "off | lmdb:PATH [size=SIZE] | redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: dedupe keyed requests at the gateway" },
     { "idempotency_ttl", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(idempotency_ttl), "24h", "how long a stored answer is replayed for its key" },
     { "idempotency_lock_ttl", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,

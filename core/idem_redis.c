@@ -55,6 +55,7 @@ typedef struct {
     int inflight;                /* batches sent and not answered */
     int stalled;                 /* claims in a row that timed out */
     int closing;                 /* the worker exits: answers are awaited, then no reconnect */
+    int setup_left;              /* AUTH and SELECT answers still awaited after a connect */
     char batch_sha[41];
     struct event *batch;         /* runs after the turn's events */
     struct item_s *queue, **queue_tail;
@@ -148,24 +149,30 @@ store_up(redis_store_t *s)
     }
 }
 
+/* The answer to AUTH or SELECT, sent first on every connection: the
+ * store is up once both said OK. */
 static void
-on_select(redisAsyncContext *ac, void *reply_, void *privdata)
+on_setup(redisAsyncContext *ac, void *reply_, void *privdata)
 {
     redisReply *reply = reply_;
-    redis_store_t *s = privdata;
+    redis_store_t *s = ac->data;
+    const char *step = privdata;
 
-    if (ac->data == NULL || reply == NULL) {
+    if (s == NULL || reply == NULL) {
         return; /* closing, or the connection is going anyway */
     }
     if (reply->type == REDIS_REPLY_ERROR) {
-        /* never fall back to database 0: another store's records live there */
-        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": cannot select database %d: "
-                      "%.150s (retrying)", s->base.conf->spec, s->base.conf->db, reply->str);
+        /* never go on unauthenticated, or in database 0: another store's
+         * records may live there */
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s failed: %.150s (retrying)",
+                      s->base.conf->spec, step, reply->str);
         s->failures++;
         redisAsyncDisconnect(ac); /* on_disconnect schedules the next try */
         return;
     }
-    store_up(s);
+    if (--s->setup_left == 0) {
+        store_up(s);
+    }
 }
 
 static void
@@ -181,10 +188,10 @@ on_connect(const redisAsyncContext *ac, int status)
         return;
     }
     event_del(s->connect_timer);
-    if (s->base.conf->db == 0) {
+    if (s->setup_left == 0) {
         store_up(s);
     }
-    /* else SELECT's answer says */
+    /* else AUTH's and SELECT's answers say */
 }
 
 static void
@@ -270,8 +277,23 @@ connect_now(redis_store_t *s)
     s->state = REDIS_CONNECTING;
     /* queued behind the connect, in order: every later command finds the
      * scripts loaded and the database selected */
+    s->setup_left = 0;
+    if (s->base.conf->password != NULL) {
+        const char *argv[3] = { "AUTH", s->base.conf->user, s->base.conf->password };
+        size_t len[3] = { 4, s->base.conf->user ? strlen(s->base.conf->user) : 0,
+                          strlen(s->base.conf->password) };
+        if (s->base.conf->user == NULL) {
+            argv[1] = argv[2];
+            len[1] = len[2];
+        }
+        redisAsyncCommandArgv(ac, on_setup, (void *) "authentication (AUTH)",
+                              s->base.conf->user ? 3 : 2, argv, len);
+        s->setup_left++;
+    }
     if (s->base.conf->db != 0) {
-        redisAsyncCommand(ac, on_select, s, "SELECT %d", s->base.conf->db);
+        redisAsyncCommand(ac, on_setup, (void *) "selecting the database (SELECT)", "SELECT %d",
+                          s->base.conf->db);
+        s->setup_left++;
     }
     redisAsyncCommand(ac, NULL, NULL, "SCRIPT LOAD %s", batch_lua);
     tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);

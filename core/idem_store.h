@@ -43,6 +43,7 @@ struct ric_idem_store_conf_s {
     char *path;          /* LMDB: the data file (its lock file is PATH-lock) */
     int64_t map_size;    /* LMDB: the map's size in bytes (size=) */
     char *host;          /* Redis: as written */
+    char *user, *password; /* Redis: AUTH's, NULL when none (spec shows the password masked) */
     char addr[64];       /* Redis: the numeric address it resolved to */
     int port;
     int db;

@@ -1160,6 +1160,7 @@ local function redis_spawn(r)
     local argv = { os.getenv("REDIS_SERVER") or "redis-server", "--port", tostring(r.port),
         "--bind", LOOPBACK, "--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no",
         "--protected-mode", "no" }
+    for _, a in ipairs(r.args or {}) do argv[#argv + 1] = a end
     local pid, err = spawn({ argv = argv, stdout = r.dir .. "/redis.log", stderr = "stdout" })
     if not pid then error(err, 3) end
     r.pid, r.exit_code = pid, nil
@@ -1175,12 +1176,12 @@ local function redis_spawn(r)
     end
 end
 
--- Starts redis-server (opts.port: default a free one); :stop() ends it, :restart() stops it and starts it again
+-- Starts redis-server (opts.port: default a free one; opts.args: more of its options); :stop() ends it, :restart() stops it and starts it again
 -- on the same port (its data is gone: nothing is saved), :command(...) sends one command and returns the reply
 -- line(s) as a string.
 function H.start_redis(opts)
     opts = opts or {}
-    local r = setmetatable({ dir = mkdtemp("redis"), port = opts.port or H.free_port() }, Redis)
+    local r = setmetatable({ dir = mkdtemp("redis"), port = opts.port or H.free_port(), args = opts.args }, Redis)
     redis_spawn(r)
     r.addr = LOOPBACK .. ":" .. r.port
     return r

@@ -469,6 +469,56 @@ describe("the Redis idempotency store", function()
     end)
 end)
 
+describe("a Redis that needs a password", function()
+    local up, redis, gw, bad
+
+    local AUTH_CONF = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    upstream up { server {{UPSTREAM}}; retry_budget off; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        idempotency_store redis://{{AUTH}}@127.0.0.1:{{REDIS}}/2;
+        location / { proxy_pass http://up; }
+    }
+}
+]]
+
+    setup(function()
+        up = H.start_upstream()
+        redis = H.start_redis({ args = { "--requirepass", "s3cr%t@x" } })
+        gw = H.start_gateway({ conf = AUTH_CONF, upstream = up, vars = { REDIS = redis.port, AUTH = ":s3cr%25t%40x" } })
+        bad = H.start_gateway({ conf = AUTH_CONF, upstream = up, vars = { REDIS = redis.port, AUTH = ":wrong" } })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if bad then bad:stop() end
+        if redis then redis:stop() end
+        if up then up:stop() end
+    end)
+
+    it("authenticates (the password percent-decoded), and never shows the password", function()
+        local key = new_key()
+        local first = H.wait_until(function()
+            local r = post(gw.port, "/pay", key, "{}")
+            return r and r.status == 200 and r
+        end, 5)
+        assert.truthy(first, ctx(gw))
+        assert.equal("true", repeat_post(gw.port, "/pay", key, "{}").headers["idempotent-replayed"], ctx(gw))
+        assert.equal(1, #up:hits())
+        local r = assert(post(bad.port, "/pay", new_key(), "{}"))
+        assert.equal(503, r.status, ctx(bad))
+        assert.equal(1, #up:hits())
+        local log = bad:log()
+        assert.truthy(log:find("authentication (AUTH) failed", 1, true), log)
+        assert.truthy(log:find("redis://:***@127.0.0.1:", 1, true), log)
+        assert.is_nil(log:find("wrong", 1, true), log)
+        assert.is_nil(gw:log():find("s3cr", 1, true))
+    end)
+end)
+
 describe("idempotency_store in the config", function()
     it("is shown by ricochet plan for each location that has one", function()
         local dir = H.mkdtemp("idemplan")

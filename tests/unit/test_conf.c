@@ -185,15 +185,31 @@ test_idempotency(void)
     }
     ric_conf_free(conf);
 
+    UNIT_CASE("redis credentials, percent-decoded, and masked in the spec");
+    conf = load("http {\n idempotency_store redis://app:p%40ss@127.0.0.1:6390/1;\n"
+                " server { listen 127.0.0.1:1; location / { proxy_pass http://127.0.0.1:2; } }\n}\n",
+                err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        ric_idem_store_conf_t *r = conf->http->servers->locations->refs.idempotency_store;
+        UNIT_CHECK_STR(r->user, "app");
+        UNIT_CHECK_STR(r->password, "p@ss");
+        UNIT_CHECK_STR(r->spec, "redis://app:***@127.0.0.1:6390/1");
+        UNIT_CHECK(r->port == 6390 && r->db == 1);
+    }
+    ric_conf_free(conf);
+    check_error("redis bad credentials", "http {\n idempotency_store redis://:%zz@127.0.0.1;\n}\n", 2,
+                "invalid \"redis://:***@127.0.0.1\" in \"idempotency_store\": expected "
+                "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
     check_error("store value", "http {\n idempotency_store memcached://x;\n}\n", 2,
                 "invalid value \"memcached://x\" in \"idempotency_store\": expected off, lmdb:PATH or "
                 "redis://HOST:PORT[/DB]");
     check_error("redis port", "http {\n idempotency_store redis://127.0.0.1:0;\n}\n", 2,
                 "invalid \"redis://127.0.0.1:0\" in \"idempotency_store\": expected "
-                "redis://HOST:PORT[/DB]");
+                "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
     check_error("redis db", "http {\n idempotency_store redis://127.0.0.1:6379/x;\n}\n", 2,
                 "invalid \"redis://127.0.0.1:6379/x\" in \"idempotency_store\": expected "
-                "redis://HOST:PORT[/DB]");
+                "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]");
     check_error("lmdb size", "http {\n idempotency_store lmdb:x.mdb size=1k;\n}\n", 2,
                 "invalid \"size=1k\" in \"idempotency_store\": expected size=SIZE of at least 1m");
     check_error("lmdb dir", "http {\n idempotency_store lmdb:/nonexistent/x.mdb;\n}\n", 2,
