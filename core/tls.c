@@ -1,0 +1,255 @@
+/* tls.c: TLS as the I/O layer's second kind of socket: OpenSSL on a non-blocking fd; a read may want a write and a write a read, and io->want says which. */
+#include "tls.h"
+
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define COALESCE_MAX (16 * 1024) /* small iovecs go as one record */
+
+/* What an SSL call's failure means for the layer: RIC_AGAIN with what to
+ * wait for, 0 for the end of the stream, RIC_ERROR with errno. */
+static ssize_t
+failure(ric_io_t *io, int rc)
+{
+    switch (SSL_get_error(io->tls, rc)) {
+    case SSL_ERROR_WANT_READ:
+        io->want = RIC_IO_WANT_READ;
+        return RIC_AGAIN;
+    case SSL_ERROR_WANT_WRITE:
+        io->want = RIC_IO_WANT_WRITE;
+        return RIC_AGAIN;
+    case SSL_ERROR_ZERO_RETURN:
+        return 0; /* close_notify, or (SSL_OP_IGNORE_UNEXPECTED_EOF) a bare close */
+    case SSL_ERROR_SYSCALL:
+        if (errno == 0) {
+            errno = ECONNRESET;
+        }
+        return RIC_ERROR;
+    default:
+        errno = EPROTO;
+        return RIC_ERROR;
+    }
+}
+
+static ssize_t
+tls_read(ric_io_t *io, void *buf, size_t n)
+{
+    size_t got;
+    int rc;
+
+    ERR_clear_error();
+    errno = 0;
+    rc = SSL_read_ex(io->tls, buf, n, &got);
+    return rc == 1 ? (ssize_t) got : failure(io, rc);
+}
+
+static ssize_t
+tls_write(ric_io_t *io, const void *buf, size_t n)
+{
+    size_t put;
+    int rc;
+
+    ERR_clear_error();
+    errno = 0;
+    rc = SSL_write_ex(io->tls, buf, n, &put);
+    return rc == 1 ? (ssize_t) put : failure(io, rc);
+}
+
+/* TLS has no writev: small pieces are joined into one record (a head and
+ * a short body go as one), larger ones are written in turn. A retry after
+ * RIC_AGAIN may come from another buffer with the same bytes
+ * (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER). */
+static ssize_t
+tls_writev(ric_io_t *io, const struct iovec *iov, int iovcnt)
+{
+    u_char joined[COALESCE_MAX];
+    size_t total = 0, at = 0;
+    ssize_t r, done = 0;
+    int i;
+
+    for (i = 0; i < iovcnt; i++) {
+        total += iov[i].iov_len;
+    }
+    if (iovcnt > 1 && total <= sizeof(joined)) {
+        for (i = 0; i < iovcnt; i++) {
+            memcpy(joined + at, iov[i].iov_base, iov[i].iov_len);
+            at += iov[i].iov_len;
+        }
+        return total == 0 ? 0 : tls_write(io, joined, total);
+    }
+    for (i = 0; i < iovcnt; i++) {
+        if (iov[i].iov_len == 0) {
+            continue;
+        }
+        r = tls_write(io, iov[i].iov_base, iov[i].iov_len);
+        if (r < 0) {
+            return done > 0 ? done : r;
+        }
+        done += r;
+        if ((size_t) r < iov[i].iov_len) {
+            break;
+        }
+    }
+    return done;
+}
+
+static int
+tls_shutdown_write(ric_io_t *io)
+{
+    /* close_notify is TLS's end of stream; a peer that never answers it
+     * is not waited for */
+    ERR_clear_error();
+    SSL_shutdown(io->tls);
+    return shutdown(io->fd, SHUT_WR) == 0 ? RIC_OK : RIC_ERROR;
+}
+
+/* An idle TLS connection may have received records that are not data (a
+ * TLS 1.3 session ticket): they are taken in, and only data, an alert or
+ * an end make it not alive. */
+static int
+tls_peek_alive(ric_io_t *io)
+{
+    char byte;
+    size_t got;
+    int rc;
+
+    if (SSL_pending(io->tls) > 0) {
+        return 0;
+    }
+    ERR_clear_error();
+    rc = SSL_peek_ex(io->tls, &byte, 1, &got);
+    return rc != 1 && SSL_get_error(io->tls, rc) == SSL_ERROR_WANT_READ;
+}
+
+static void
+tls_close(ric_io_t *io)
+{
+    /* no close_notify (a pooled connection just goes), but a shutdown all
+     * the same: OpenSSL would otherwise take the session for a bad one and
+     * no later connection could resume it */
+    SSL_set_quiet_shutdown(io->tls, 1);
+    SSL_shutdown(io->tls);
+    SSL_free(io->tls);
+    io->tls = NULL;
+    close(io->fd);
+}
+
+const ric_io_ops_t ric_io_tls = {
+    "tls", tls_read, tls_writev, NULL, tls_shutdown_write, tls_peek_alive, tls_close
+};
+
+static int
+start(ric_io_t *io, SSL_CTX *ctx, SSL **out)
+{
+    SSL *ssl = SSL_new(ctx);
+
+    if (ssl == NULL || SSL_set_fd(ssl, io->fd) != 1) {
+        SSL_free(ssl);
+        return RIC_ERROR;
+    }
+    SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER
+                          | SSL_MODE_RELEASE_BUFFERS);
+    SSL_set_options(ssl, SSL_OP_IGNORE_UNEXPECTED_EOF);
+    *out = ssl;
+    return RIC_OK;
+}
+
+int
+ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, SSL_SESSION *session)
+{
+    SSL *ssl;
+
+    if (start(io, ctx, &ssl) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    if (name != NULL && name[0] != '\0') {
+        /* SNI, and the name the certificate must carry when ctx verifies */
+        if (SSL_set_tlsext_host_name(ssl, name) != 1 || SSL_set1_host(ssl, name) != 1) {
+            SSL_free(ssl);
+            return RIC_ERROR;
+        }
+    }
+    if (session != NULL) {
+        SSL_set_session(ssl, session);
+    }
+    SSL_set_connect_state(ssl);
+    io->tls = ssl;
+    io->ops = &ric_io_tls;
+    return RIC_OK;
+}
+
+int
+ric_tls_accept(ric_io_t *io, SSL_CTX *ctx)
+{
+    SSL *ssl;
+
+    if (start(io, ctx, &ssl) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    SSL_set_accept_state(ssl);
+    io->tls = ssl;
+    io->ops = &ric_io_tls;
+    return RIC_OK;
+}
+
+int
+ric_tls_handshake(ric_io_t *io, char *err, size_t errlen)
+{
+    unsigned long e;
+    long verify;
+    int rc;
+    ssize_t r;
+
+    ERR_clear_error();
+    errno = 0;
+    rc = SSL_do_handshake(io->tls);
+    if (rc == 1) {
+        return RIC_OK;
+    }
+    r = failure(io, rc);
+    if (r == RIC_AGAIN) {
+        return RIC_AGAIN;
+    }
+    verify = SSL_get_verify_result(io->tls);
+    e = ERR_peek_error();
+    if (verify != X509_V_OK) {
+        snprintf(err, errlen, "the certificate did not verify: %s",
+                 X509_verify_cert_error_string(verify));
+    } else if (e != 0) {
+        ERR_error_string_n(e, err, errlen);
+    } else {
+        snprintf(err, errlen, "%s", r == 0 || errno == ECONNRESET
+                                        ? "the peer closed the connection during the handshake"
+                                        : strerror(errno));
+    }
+    ERR_clear_error();
+    return RIC_ERROR;
+}
+
+int
+ric_tls_resumed(const ric_io_t *io)
+{
+    return io->tls != NULL && SSL_session_reused(io->tls);
+}
+
+SSL_SESSION *
+ric_tls_session(const ric_io_t *io)
+{
+    SSL_SESSION *s = io->tls ? SSL_get1_session(io->tls) : NULL;
+
+    if (s != NULL && !SSL_SESSION_is_resumable(s)) {
+        SSL_SESSION_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+const char *
+ric_tls_version(void)
+{
+    return OpenSSL_version(OPENSSL_VERSION);
+}

@@ -1,0 +1,35 @@
+/* tls.h: TLS as the I/O layer's second kind of socket: OpenSSL on a non-blocking fd, the handshake as a step of its own. */
+#ifndef RIC_TLS_H
+#define RIC_TLS_H
+
+#include "ric_core.h"
+#include "io.h"
+
+#include <openssl/ssl.h>
+
+extern const ric_io_ops_t ric_io_tls;
+
+/* Makes io, a connected (or connecting) plain socket, the client side of
+ * a TLS session of ctx: SNI and the name verified are name (NULL: none),
+ * session a session to resume (NULL: a full handshake). RIC_OK, or
+ * RIC_ERROR with nothing changed (out of memory). The handshake is then
+ * ric_tls_handshake's. */
+int ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, SSL_SESSION *session);
+
+/* The server side of a TLS session of ctx on io (downstream). */
+int ric_tls_accept(ric_io_t *io, SSL_CTX *ctx);
+
+/* One step of the handshake: RIC_OK when it is done, RIC_AGAIN when it
+ * waits (io->want says for what), RIC_ERROR with OpenSSL's reason in err
+ * (a certificate that did not verify says why). */
+int ric_tls_handshake(ric_io_t *io, char *err, size_t errlen);
+
+/* Whether the session of io was resumed; its session to resume next time
+ * (the caller owns it: SSL_SESSION_free), or NULL. */
+int ric_tls_resumed(const ric_io_t *io);
+SSL_SESSION *ric_tls_session(const ric_io_t *io);
+
+/* The OpenSSL this build runs on ("OpenSSL 3.0.x ..."), for -v. */
+const char *ric_tls_version(void);
+
+#endif /* RIC_TLS_H */
