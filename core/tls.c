@@ -5,8 +5,6 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 #include <stdio.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #define COALESCE_MAX (16 * 1024) /* small iovecs go as one record */
 
@@ -104,7 +102,7 @@ tls_shutdown_write(ric_io_t *io)
      * is not waited for */
     ERR_clear_error();
     SSL_shutdown(io->tls);
-    return shutdown(io->fd, SHUT_WR) == 0 ? RIC_OK : RIC_ERROR;
+    return ric_io_plain.shutdown_write(io); /* the socket under it, as a plain one */
 }
 
 /* An idle TLS connection may have received records that are not data (a
@@ -135,7 +133,7 @@ tls_close(ric_io_t *io)
     SSL_shutdown(io->tls);
     SSL_free(io->tls);
     io->tls = NULL;
-    close(io->fd);
+    ric_io_plain.close(io);
 }
 
 const ric_io_ops_t ric_io_tls = {
