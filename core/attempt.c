@@ -255,8 +255,9 @@ on_try_timeout(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
-    attempt_done(u, u->client.state == RIC_HTTP1_CONNECTING ? RIC_CLASS_CONNECT_ERROR
-                                                           : RIC_CLASS_TIMEOUT,
+    attempt_done(u, u->client.state == RIC_HTTP1_CONNECTING
+                            || u->client.state == RIC_HTTP1_HANDSHAKE ? RIC_CLASS_CONNECT_ERROR
+                                                                      : RIC_CLASS_TIMEOUT,
                  0, "upstream timed out (per_try_timeout)");
 }
 
@@ -463,6 +464,8 @@ doing(const ric_attempt_t *u)
     switch (u->client.state) {
     case RIC_HTTP1_CONNECTING:
         return "connecting to upstream";
+    case RIC_HTTP1_HANDSHAKE:
+        return "performing the TLS handshake with upstream";
     case RIC_HTTP1_SENDING:
         return "sending the request to upstream";
     case RIC_HTTP1_PEEK:

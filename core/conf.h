@@ -65,6 +65,8 @@ typedef struct {
     int64_t idempotency_required;       /* 1: 400 for an unsafe method without a key */
     int64_t idempotency_store_failure;  /* RIC_IDEM_FAIL_CLOSED | _OPEN (idem.h) */
     int64_t idempotency_sync;           /* 1: a claim is on disk before the request goes on */
+    int64_t proxy_ssl_verify;           /* 1: an https upstream's certificate must verify */
+    int64_t proxy_ssl_server_name;      /* 1: send SNI */
 } ric_http_settings_t;
 
 #define RIC_IDEMPOTENCY_OFF 0
@@ -125,6 +127,8 @@ typedef struct {
     ric_budget_conf_t *retry_budget; /* its upstream's, unless the upstream block sets one */
     struct ric_script_s *script;     /* the route script (script.h); NULL: none */
     struct ric_idem_store_conf_s *idempotency_store; /* idem_store.h; kind OFF: off */
+    char *proxy_ssl_trusted_certificate; /* CA file for https upstreams; NULL: the system's */
+    char *proxy_ssl_name;                /* the name sent and verified; NULL: the upstream's host */
 } ric_http_refs_t;
 
 struct ric_location_conf_s {
@@ -135,7 +139,8 @@ struct ric_location_conf_s {
     ric_http_settings_t settings;
     ric_http_refs_t refs;
     ric_upstream_conf_t *upstream; /* proxy_pass target; NULL: none */
-    char *proxy_pass;              /* as written, for errors */
+    char *proxy_pass;              /* as written (without the scheme), for errors */
+    int proxy_tls;                 /* proxy_pass https:// */
     const char *proxy_pass_file;
     int proxy_pass_line;
     ric_location_conf_t *next;
@@ -199,6 +204,12 @@ struct ric_upstream_conf_s {
     ric_budget_conf_t *retry_budget;   /* set in the upstream block; NULL: not */
     const ric_budget_conf_t *budget;   /* its budget's rule, whoever set it */
     ric_budget_state_t *budget_state;  /* in the shared zone */
+    int tls;                   /* reached with https:// (tls_file: where that was said) */
+    const char *tls_file;
+    int tls_line;
+    const ric_location_conf_t *tls_owner; /* the location whose proxy_ssl_* it uses */
+    void *ssl_ctx;             /* SSL_CTX of this config generation (tls.h) */
+    char *ssl_name;            /* sent as SNI (unless proxy_ssl_server_name off) and verified */
     const char *file;
     int line;
     ric_upstream_conf_t *next;

@@ -1,5 +1,6 @@
 /* conf_directives.c: the directive table, its handlers, defaults and inheritance. */
 #include "conf_parse.h"
+#include "tls.h"
 #include "idem.h"
 #include "idem_store.h"
 #include "script.h"
@@ -597,14 +598,12 @@ set_proxy_pass(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     if (l->proxy_pass != NULL) {
         return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
     }
-    if (strncasecmp(url, "https://", 8) == 0) {
-        return ric_conf_reason(cf, "https upstreams are not supported yet: \"%s\"", url);
+    l->proxy_tls = strncasecmp(url, "https://", 8) == 0;
+    if (!l->proxy_tls && strncasecmp(url, "http://", 7) != 0) {
+        return ric_conf_reason(cf, "invalid URL \"%s\" in \"%s\": it must start with http:// "
+                               "or https://", url, cmd->name);
     }
-    if (strncasecmp(url, "http://", 7) != 0) {
-        return ric_conf_reason(cf, "invalid URL \"%s\" in \"%s\": it must start with http://",
-                               url, cmd->name);
-    }
-    rest = url + 7;
+    rest = url + (l->proxy_tls ? 8 : 7);
     if (*rest == '\0' || *rest == '/') {
         return ric_conf_reason(cf, "invalid URL \"%s\" in \"%s\": no host", url, cmd->name);
     }
@@ -783,8 +782,28 @@ set_access_log(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return dup;
 }
 
+/* A name kept as written. */
 static const char *
-set_body_temp_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+set_ssl_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = ref_duplicate(cf, cmd);
+
+    (void) conf;
+    if (dup == NULL) {
+        *ref_at(cf, cmd) = ric_pstrdup(cf->pool, cf->args[1]);
+    }
+    return dup;
+}
+
+static int
+same_str(const char *a, const char *b)
+{
+    return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
+}
+
+/* A file or directory, relative to the prefix. */
+static const char *
+set_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
     const char *dup = ref_duplicate(cf, cmd);
 
@@ -1353,7 +1372,7 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "client_body_buffer_size", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
       SETTINGS(client_body_buffer_size), "64k",
       "request body bytes kept in memory; the rest goes to a temp file" },
-    { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_body_temp_path,
+    { "client_body_temp_path", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_path,
       REFS(body_temp_path), "/tmp", "directory for request bodies larger than the buffer" },
     { "classify_body_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_classify_body_max,
       SETTINGS(classify_body_max), "0",
@@ -1364,6 +1383,16 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "http://UPSTREAM | http://HOST:PORT: where the location's requests go" },
     { "proxy_set_header", SETTINGS_CTX, RIC_CONF_TAKE2, set_proxy_set_header,
       RIC_CONF_NO_OFFSET, NULL, "NAME VALUE: a header sent upstream; an empty value drops it" },
+    { "proxy_ssl_verify", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag, SETTINGS(proxy_ssl_verify), "on",
+      "on: an https upstream's certificate must verify (against proxy_ssl_trusted_certificate)" },
+    { "proxy_ssl_trusted_certificate", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF,
+      set_path, REFS(proxy_ssl_trusted_certificate), NULL,
+      "FILE: the CA certificates (PEM) an https upstream's certificate must chain to; default: the system's" },
+    { "proxy_ssl_server_name", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag,
+      SETTINGS(proxy_ssl_server_name), "on", "on: send the upstream's name as SNI" },
+    { "proxy_ssl_name", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_ssl_name,
+      REFS(proxy_ssl_name), NULL,
+      "NAME: the name sent as SNI and verified; default: the proxy_pass host or upstream name" },
     { "proxy_connect_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_connect_timeout), "5s", "time to establish an upstream connection" },
     { "proxy_send_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
@@ -1647,7 +1676,7 @@ link_proxy_pass(ric_conf_parse_t *cf, ric_location_conf_t *l)
     const char *reason;
 
     for (u = http->upstreams; u; u = u->next) {
-        if (strcmp(u->name, l->proxy_pass) == 0) {
+        if (strcmp(u->name, l->proxy_pass) == 0 && (!u->implicit || u->tls == l->proxy_tls)) {
             l->upstream = u; /* a named upstream, or one made earlier for the same address */
             return NULL;
         }
@@ -1656,6 +1685,7 @@ link_proxy_pass(ric_conf_parse_t *cf, ric_location_conf_t *l)
     u->name = l->proxy_pass;
     u->host_header = l->proxy_pass;
     u->implicit = 1;
+    u->tls = l->proxy_tls;
     u->keepalive = RIC_CONF_UNSET;
     u->keepalive_timeout = RIC_CONF_UNSET;
     u->file = l->proxy_pass_file;
@@ -1663,14 +1693,15 @@ link_proxy_pass(ric_conf_parse_t *cf, ric_location_conf_t *l)
     s = ric_pcalloc(cf->pool, sizeof(*s));
     cf->file = l->proxy_pass_file;
     cf->directive_line = l->proxy_pass_line;
-    reason = split_host_port(cf, l->proxy_pass, "80", &s->host, &s->port);
+    reason = split_host_port(cf, l->proxy_pass, l->proxy_tls ? "443" : "80", &s->host, &s->port);
     if (reason != NULL) {
         return ric_conf_reason(cf, "%s:%d: %s", l->proxy_pass_file, l->proxy_pass_line,
                                ric_pstrdup(cf->pool, reason));
     }
     if (s->host == NULL) {
-        return ric_conf_reason(cf, "%s:%d: invalid URL \"http://%s\" in \"proxy_pass\"",
-                               l->proxy_pass_file, l->proxy_pass_line, l->proxy_pass);
+        return ric_conf_reason(cf, "%s:%d: invalid URL \"%s%s\" in \"proxy_pass\"",
+                               l->proxy_pass_file, l->proxy_pass_line,
+                               l->proxy_tls ? "https://" : "http://", l->proxy_pass);
     }
     s->text = l->proxy_pass;
     s->weight = 1;
@@ -1775,6 +1806,78 @@ resolve_budgets(ric_conf_parse_t *cf)
     return NULL;
 }
 
+static void
+free_ssl_ctx(void *ctx)
+{
+    SSL_CTX_free(ctx);
+}
+
+/* The TLS of each upstream reached with https://: one owner, as for the
+ * budget (its pooled connections serve every location that proxies to
+ * it, so those locations must agree on scheme and proxy_ssl_*), and one
+ * SSL_CTX per configuration generation, made now: a CA file that does not
+ * load is the config's error. */
+static const char *
+resolve_tls(ric_conf_parse_t *cf)
+{
+    ric_server_conf_t *s;
+    ric_location_conf_t *l;
+    ric_upstream_conf_t *u;
+    const ric_location_conf_t *o;
+    char err[512];
+    const char *ca;
+
+    for (s = cf->conf->http->servers; s; s = s->next) {
+        for (l = s->locations; l; l = l->next) {
+            if ((u = l->upstream) == NULL) {
+                continue;
+            }
+            if (u->tls_owner == NULL) {
+                u->tls_owner = l;
+                u->tls = l->proxy_tls;
+                continue;
+            }
+            o = u->tls_owner;
+            if (o->proxy_tls != l->proxy_tls) {
+                return ric_conf_reason(cf, "%s:%d: upstream \"%s\" is reached with %s here and "
+                                       "with %s in %s:%d: its connections are one or the other",
+                                       l->proxy_pass_file, l->proxy_pass_line, u->name,
+                                       l->proxy_tls ? "https://" : "http://",
+                                       o->proxy_tls ? "https://" : "http://", o->proxy_pass_file,
+                                       o->proxy_pass_line);
+            }
+            if (l->proxy_tls
+                && (o->settings.proxy_ssl_verify != l->settings.proxy_ssl_verify
+                    || o->settings.proxy_ssl_server_name != l->settings.proxy_ssl_server_name
+                    || !same_str(o->refs.proxy_ssl_trusted_certificate,
+                                 l->refs.proxy_ssl_trusted_certificate)
+                    || !same_str(o->refs.proxy_ssl_name, l->refs.proxy_ssl_name))) {
+                return ric_conf_reason(cf, "%s:%d: the proxy_ssl_* settings for upstream \"%s\" "
+                                       "differ from those of %s:%d: its pooled connections serve "
+                                       "both (set them once, where both inherit them)",
+                                       l->proxy_pass_file, l->proxy_pass_line, u->name,
+                                       o->proxy_pass_file, o->proxy_pass_line);
+            }
+        }
+    }
+    for (u = cf->conf->http->upstreams; u; u = u->next) {
+        if (!u->tls || u->tls_owner == NULL) {
+            continue;
+        }
+        o = u->tls_owner;
+        ca = o->refs.proxy_ssl_trusted_certificate;
+        u->ssl_ctx = ric_tls_client_ctx(o->settings.proxy_ssl_verify == 1, ca, err, sizeof(err));
+        if (u->ssl_ctx == NULL) {
+            return ric_conf_reason(cf, "%s:%d: upstream \"%s\": %s", o->proxy_pass_file,
+                                   o->proxy_pass_line, u->name, err);
+        }
+        ric_pool_cleanup_add(cf->pool, free_ssl_ctx, u->ssl_ctx);
+        u->ssl_name = o->refs.proxy_ssl_name != NULL ? o->refs.proxy_ssl_name
+                      : u->implicit ? u->servers->host : u->name;
+    }
+    return NULL;
+}
+
 const char *
 ric_conf_finish(ric_conf_parse_t *cf)
 {
@@ -1829,6 +1932,10 @@ ric_conf_finish(ric_conf_parse_t *cf)
         }
     }
     if ((reason = resolve_budgets(cf)) != NULL) {
+        snprintf(cf->err, cf->errlen, "%s", reason);
+        return ric_conf_reported;
+    }
+    if ((reason = resolve_tls(cf)) != NULL) {
         snprintf(cf->err, cf->errlen, "%s", reason);
         return ric_conf_reported;
     }

@@ -1,6 +1,9 @@
 /* http1_client.c: the upstream side of an exchange as plain I/O: connect, send, read the head, frame the body. */
 #include "http1_client.h"
 #include "retry.h"
+#include "tls.h"
+
+#include <stdio.h>
 
 #include <errno.h>
 
@@ -149,6 +152,55 @@ ric_http1_upload_kick(ric_http1_t *h)
     }
 }
 
+/* One step of the TLS handshake with an https upstream (nothing is sent
+ * before it ends; a failure is a connect_error, safe to retry). */
+static void
+handshake_step(ric_http1_t *h)
+{
+    ric_upconn_t *uc = h->uc;
+    char why[160];
+    int rc = ric_tls_handshake(&uc->io, why, sizeof(why));
+
+    if (rc == RIC_AGAIN) {
+        if (uc->io.want == RIC_IO_WANT_WRITE) {
+            ric_upconn_want_write(uc, h->connect_timeout);
+        } else {
+            ric_upconn_read_timeout(uc, h->connect_timeout); /* the read event reports */
+        }
+        return;
+    }
+    if (rc != RIC_OK) {
+        snprintf(h->tls_error, sizeof(h->tls_error), "TLS handshake failed: %s", why);
+        h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, EPROTO, h->tls_error);
+        return;
+    }
+    ric_upconn_read_timeout(uc, 0);
+    h->state = RIC_HTTP1_SENDING;
+    send_request(h);
+}
+
+/* Connected: TLS first for an https upstream, then the request. */
+static void
+connected(ric_http1_t *h)
+{
+    const ric_upstream_conf_t *u = h->up->conf;
+
+    if (!u->tls) {
+        h->state = RIC_HTTP1_SENDING;
+        send_request(h);
+        return;
+    }
+    if (ric_tls_connect(&h->uc->io, u->ssl_ctx, u->ssl_name,
+                        u->tls_owner->settings.proxy_ssl_server_name == 1,
+                        h->peer->tls_session, &h->peer->tls_session)
+        != RIC_OK) {
+        h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, ENOMEM, "TLS setup failed");
+        return;
+    }
+    h->state = RIC_HTTP1_HANDSHAKE;
+    handshake_step(h);
+}
+
 static void
 on_write(ric_upconn_t *uc, short what)
 {
@@ -166,8 +218,16 @@ on_write(ric_upconn_t *uc, short what)
             h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, err, "connect() failed");
             return;
         }
-        h->state = RIC_HTTP1_SENDING;
-        send_request(h);
+        connected(h);
+        return;
+    }
+    if (h->state == RIC_HTTP1_HANDSHAKE) {
+        if (what & EV_TIMEOUT) {
+            h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
+                               "upstream timed out (TLS handshake, proxy_connect_timeout)");
+            return;
+        }
+        handshake_step(h);
         return;
     }
     if (h->state == RIC_HTTP1_SENDING) {
@@ -583,6 +643,15 @@ on_read(ric_upconn_t *uc, short what)
     }
     if (h->state == RIC_HTTP1_PEEK && !(what & EV_TIMEOUT)) {
         read_peek(h);
+        return;
+    }
+    if (h->state == RIC_HTTP1_HANDSHAKE) {
+        if (what & EV_TIMEOUT) {
+            h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
+                               "upstream timed out (TLS handshake, proxy_connect_timeout)");
+            return;
+        }
+        handshake_step(h);
         return;
     }
     if (what & EV_TIMEOUT) {

@@ -14,6 +14,7 @@
 typedef enum {
     RIC_HTTP1_IDLE = 0,
     RIC_HTTP1_CONNECTING,
+    RIC_HTTP1_HANDSHAKE, /* TLS to an https upstream: nothing was sent yet */
     RIC_HTTP1_SENDING,  /* the request is going up (an answer may already come) */
     RIC_HTTP1_HEAD,     /* waiting for the response head */
     RIC_HTTP1_BODY,     /* the body is being read for the caller to relay */
@@ -81,6 +82,7 @@ struct ric_http1_s {
     int reading_paused;
     int early_answer;   /* answered before taking the whole request */
     size_t peek_max;    /* PEEK: body bytes wanted at most */
+    char tls_error[200]; /* why a handshake failed, for failed()'s what */
 };
 
 /* Prepares h; nothing is allocated or connected yet. */

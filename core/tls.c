@@ -1,6 +1,7 @@
 /* tls.c: TLS as the I/O layer's second kind of socket: OpenSSL on a non-blocking fd; a read may want a write and a write a read, and io->want says which. */
 #include "tls.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
@@ -156,20 +157,88 @@ start(ric_io_t *io, SSL_CTX *ctx, SSL **out)
     return RIC_OK;
 }
 
+static int slot_index = -1; /* ex_data of an SSL: where its new sessions go */
+
+/* A session the server issued (a TLS 1.3 ticket comes after the
+ * handshake): it replaces the one in the connection's slot. */
+static int
+on_new_session(SSL *ssl, SSL_SESSION *session)
+{
+    void **slot = SSL_get_ex_data(ssl, slot_index);
+
+    if (slot == NULL) {
+        return 0;
+    }
+    ric_tls_session_free(*slot);
+    *slot = session;
+    return 1; /* ours now */
+}
+
+void
+ric_tls_session_free(void *session)
+{
+    if (session != NULL) {
+        SSL_SESSION_free(session);
+    }
+}
+
+SSL_CTX *
+ric_tls_client_ctx(int verify, const char *ca_file, char *err, size_t errlen)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    unsigned long e;
+
+    if (ctx == NULL) {
+        snprintf(err, errlen, "cannot make a TLS context");
+        return NULL;
+    }
+    if (slot_index < 0) {
+        slot_index = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    /* sessions are kept per server by the caller, not in the context */
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx, on_new_session);
+    if (verify) {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+        ERR_clear_error();
+        if ((ca_file != NULL ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL)
+                             : SSL_CTX_set_default_verify_paths(ctx)) != 1) {
+            e = ERR_get_error();
+            snprintf(err, errlen, "cannot load %s: %s", ca_file ? ca_file : "the system's CA store",
+                     e ? ERR_reason_error_string(e) : "unknown reason");
+            ERR_clear_error();
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+    }
+    return ctx;
+}
+
 int
-ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, SSL_SESSION *session)
+ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, int sni, SSL_SESSION *session,
+                void **slot)
 {
     SSL *ssl;
+    int ip;
+    u_char addr[16];
 
     if (start(io, ctx, &ssl) != RIC_OK) {
         return RIC_ERROR;
     }
     if (name != NULL && name[0] != '\0') {
-        /* SNI, and the name the certificate must carry when ctx verifies */
-        if (SSL_set_tlsext_host_name(ssl, name) != 1 || SSL_set1_host(ssl, name) != 1) {
+        ip = inet_pton(AF_INET, name, addr) == 1 || inet_pton(AF_INET6, name, addr) == 1;
+        /* the name the certificate must carry (when ctx verifies), and
+         * SNI, which never names an address (RFC 6066) */
+        if ((ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name)
+                : SSL_set1_host(ssl, name)) != 1
+            || (sni && !ip && SSL_set_tlsext_host_name(ssl, name) != 1)) {
             SSL_free(ssl);
             return RIC_ERROR;
         }
+    }
+    if (slot != NULL && slot_index >= 0) {
+        SSL_set_ex_data(ssl, slot_index, slot);
     }
     if (session != NULL) {
         SSL_set_session(ssl, session);

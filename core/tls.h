@@ -10,11 +10,23 @@
 extern const ric_io_ops_t ric_io_tls;
 
 /* Makes io, a connected (or connecting) plain socket, the client side of
- * a TLS session of ctx: SNI and the name verified are name (NULL: none),
- * session a session to resume (NULL: a full handshake). RIC_OK, or
- * RIC_ERROR with nothing changed (out of memory). The handshake is then
+ * a TLS session of ctx: name is verified (a host name, or an IP address
+ * against the certificate's IP entries) and, when sni, sent as SNI (never
+ * an IP address); session a session to resume (NULL: a full handshake);
+ * *slot (NULL: none) receives every session the server issues, to resume
+ * the next connection with (the slot's previous one is freed). RIC_OK,
+ * or RIC_ERROR with nothing changed. The handshake is then
  * ric_tls_handshake's. */
-int ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, SSL_SESSION *session);
+int ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, int sni, SSL_SESSION *session,
+                    void **slot);
+
+/* A client context for an upstream: TLS 1.2 and up; verify: the server's
+ * certificate must verify against ca_file (NULL: the system's store).
+ * NULL with a reason in err. */
+SSL_CTX *ric_tls_client_ctx(int verify, const char *ca_file, char *err, size_t errlen);
+
+/* Frees a session kept in a slot (NULL is ok). */
+void ric_tls_session_free(void *session);
 
 /* The server side of a TLS session of ctx on io (downstream). */
 int ric_tls_accept(ric_io_t *io, SSL_CTX *ctx);

@@ -1,6 +1,7 @@
 /* upstream.c: server selection (smooth weighted round robin), passive health and the keep-alive pool. */
 #include "upstream.h"
 #include "log.h"
+#include "tls.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -138,12 +139,15 @@ void
 ric_upstream_free_all(ric_upstream_t *ups, int n)
 {
     ric_upconn_t *c;
-    int i;
+    int i, j;
 
     for (i = 0; i < n && ups; i++) {
         while ((c = ups[i].idle) != NULL) {
             idle_unlink(c);
             ric_upconn_close(c);
+        }
+        for (j = 0; j < ups[i].npeers; j++) {
+            ric_tls_session_free(ups[i].peers[j].tls_session);
         }
         free(ups[i].peers);
     }

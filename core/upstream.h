@@ -28,6 +28,7 @@ typedef struct {
     ric_upstream_server_t *conf;
     int64_t current_weight; /* smooth weighted round robin */
     ric_peer_health_t *health;
+    void *tls_session; /* SSL_SESSION to resume with this server (https upstreams); this worker's */
 } ric_peer_t;
 
 /* A pooled connection idle for longer than this is checked with a

@@ -1149,6 +1149,27 @@ function H.start_gateway(opts)
     return gw
 end
 
+-- Starts any program (argv) with its output in log_path; opts.port: wait (bounded, 5 s) until it accepts there.
+-- Returns a process object (:stop(), :alive(), :signal()); it is killed at exit if a test forgets it.
+function H.start_process(argv, log_path, opts)
+    opts = opts or {}
+    local pid, err = spawn({ argv = argv, stdout = log_path, stderr = "stdout" })
+    if not pid then error(err, 2) end
+    local p = new_proc(pid, {})
+    p.stop = function(self) return self:terminate(3) end
+    if opts.port then
+        local up = H.wait_until(function()
+            if not p:alive() then return "exited" end
+            if accepts(opts.port) then return "ready" end
+        end, 5)
+        if up ~= "ready" then
+            p:terminate(2)
+            error(argv[1] .. " did not start: " .. tostring(up) .. "\n" .. (read_file(log_path) or ""), 2)
+        end
+    end
+    return p
+end
+
 ---------------------------------------------------------------------------
 -- Redis: a private redis-server on an ephemeral loopback port
 ---------------------------------------------------------------------------

@@ -135,7 +135,7 @@ test_exchange(void)
     nonblocking_pair(fds);
     ric_io_init_plain(&c, fds[0]);
     ric_io_init_plain(&s, fds[1]);
-    UNIT_CHECK(ric_tls_connect(&c, cctx, "api.test", NULL) == RIC_OK);
+    UNIT_CHECK(ric_tls_connect(&c, cctx, "api.test", 1, NULL, NULL) == RIC_OK);
     UNIT_CHECK(ric_tls_accept(&s, sctx) == RIC_OK);
     UNIT_CHECK_INT(handshake(&c, &s, err, sizeof(err)), RIC_OK);
     UNIT_CHECK_STR(SSL_get_version(c.tls), "TLSv1.3");
@@ -180,7 +180,7 @@ test_exchange(void)
     nonblocking_pair(fds);
     ric_io_init_plain(&c2, fds[0]);
     ric_io_init_plain(&s2, fds[1]);
-    ric_tls_connect(&c2, cctx, "api.test", session);
+    ric_tls_connect(&c2, cctx, "api.test", 1, session, NULL);
     ric_tls_accept(&s2, sctx);
     UNIT_CHECK_INT(handshake(&c2, &s2, err, sizeof(err)), RIC_OK);
     UNIT_CHECK(ric_tls_resumed(&c2));
@@ -203,7 +203,7 @@ test_refusals(void)
     nonblocking_pair(fds);
     ric_io_init_plain(&c, fds[0]);
     ric_io_init_plain(&s, fds[1]);
-    ric_tls_connect(&c, trusting, "other.test", NULL);
+    ric_tls_connect(&c, trusting, "other.test", 1, NULL, NULL);
     ric_tls_accept(&s, sctx);
     UNIT_CHECK_INT(handshake(&c, &s, err, sizeof(err)), RIC_ERROR);
     UNIT_CHECK(strstr(err, "hostname mismatch") != NULL);
@@ -214,7 +214,7 @@ test_refusals(void)
     nonblocking_pair(fds);
     ric_io_init_plain(&c, fds[0]);
     ric_io_init_plain(&s, fds[1]);
-    ric_tls_connect(&c, stranger, "api.test", NULL);
+    ric_tls_connect(&c, stranger, "api.test", 1, NULL, NULL);
     ric_tls_accept(&s, sctx);
     err[0] = '\0';
     UNIT_CHECK_INT(handshake(&c, &s, err, sizeof(err)), RIC_ERROR);
@@ -225,7 +225,7 @@ test_refusals(void)
     UNIT_CASE("a peer that goes away during the handshake");
     nonblocking_pair(fds);
     ric_io_init_plain(&c, fds[0]);
-    ric_tls_connect(&c, trusting, "api.test", NULL);
+    ric_tls_connect(&c, trusting, "api.test", 1, NULL, NULL);
     UNIT_CHECK_INT(ric_tls_handshake(&c, err, sizeof(err)), RIC_AGAIN);
     close(fds[1]);
     UNIT_CHECK_INT(ric_tls_handshake(&c, err, sizeof(err)), RIC_ERROR);
