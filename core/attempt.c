@@ -617,7 +617,8 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         a->paid_for = 0;
         a->stop = RIC_RETRY_YES;
         a->fail_status = class == RIC_CLASS_TIMEOUT
-                                 || (class == RIC_CLASS_CONNECT_ERROR && err == 0) ? 504 : 502;
+                                 || (class == RIC_CLASS_CONNECT_ERROR && err == 0
+                                     && !h->tls_failed) ? 504 : 502;
         a->wait_us = d.wait_ms * 1000;
         a->wait_until_ms = now + d.wait_ms;
         wait_start(r, d.wait_ms);
@@ -636,11 +637,12 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         deliver(u);
         return;
     }
+    status = class == RIC_CLASS_TIMEOUT
+                     || (class == RIC_CLASS_CONNECT_ERROR && err == 0 && !h->tls_failed)
+                 ? 504 : 502;
     a->current = NULL;
     attempt_free(u);
-    ric_attempts_give_up(r, class == RIC_CLASS_TIMEOUT
-                            || (class == RIC_CLASS_CONNECT_ERROR && err == 0) ? 504 : 502,
-                         d.reason);
+    ric_attempts_give_up(r, status, d.reason);
 }
 
 /* --- the phase ------------------------------------------------------------- */

@@ -171,7 +171,8 @@ handshake_step(ric_http1_t *h)
     }
     if (rc != RIC_OK) {
         snprintf(h->tls_error, sizeof(h->tls_error), "TLS handshake failed: %s", why);
-        h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, EPROTO, h->tls_error);
+        h->tls_failed = 1; /* a refusal (502), not a connect that timed out (504) */
+        h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0, h->tls_error);
         return;
     }
     ric_upconn_read_timeout(uc, 0);

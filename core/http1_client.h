@@ -83,6 +83,7 @@ struct ric_http1_s {
     int early_answer;   /* answered before taking the whole request */
     size_t peek_max;    /* PEEK: body bytes wanted at most */
     char tls_error[200]; /* why a handshake failed, for failed()'s what */
+    int tls_failed;      /* ...and that it did */
 };
 
 /* Prepares h; nothing is allocated or connected yet. */
