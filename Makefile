@@ -27,7 +27,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all run test asan fuzz bench bench-faults bench-idempotency install clean help deps deps-test deps-run
+.PHONY: all run test asan fuzz bench bench-faults bench-idempotency bench-tls install clean help deps deps-test deps-run
 .DEFAULT_GOAL := all
 
 all: deps $(BUILD)/ricochet
@@ -43,6 +43,7 @@ help:
 	@echo "                then retries under injected upstream faults"
 	@echo "make bench-faults  only the fault scenarios (contrib/bench/faults.sh)"
 	@echo "make bench-idempotency  only the idempotency store's cost (contrib/bench/idempotency.sh)"
+	@echo "make bench-tls  only TLS to the upstream against nginx and HAProxy (contrib/bench/tls.sh)"
 	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
 	@echo "make clean      remove build outputs"
 
@@ -120,6 +121,7 @@ bench: $(BUILD)/ricochet $(BUILD)/openloop
 	sh contrib/bench/run.sh
 	OPENLOOP_BIN=$(abspath $(BUILD))/openloop sh contrib/bench/faults.sh
 	sh contrib/bench/idempotency.sh
+	sh contrib/bench/tls.sh
 
 bench-faults: $(BUILD)/ricochet $(BUILD)/openloop
 	@sh contrib/deps.sh bench
@@ -128,6 +130,10 @@ bench-faults: $(BUILD)/ricochet $(BUILD)/openloop
 bench-idempotency: $(BUILD)/ricochet
 	@sh contrib/deps.sh bench
 	sh contrib/bench/idempotency.sh
+
+bench-tls: $(BUILD)/ricochet
+	@sh contrib/deps.sh bench
+	sh contrib/bench/tls.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/etc/ricochet
