@@ -536,6 +536,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     ric_retry_decision_t d;
     int64_t now = ric_now_ms();
     int status = class == RIC_CLASS_STATUS ? h->resp.status : 0, failed, rc;
+    int tls_failed = h->tls_failed; /* u may be freed before it is needed */
     ric_str_t ra;
 
     /* a route script that classifies by the body gets it first, when it is
@@ -618,7 +619,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         a->stop = RIC_RETRY_YES;
         a->fail_status = class == RIC_CLASS_TIMEOUT
                                  || (class == RIC_CLASS_CONNECT_ERROR && err == 0
-                                     && !h->tls_failed) ? 504 : 502;
+                                     && !tls_failed) ? 504 : 502;
         a->wait_us = d.wait_ms * 1000;
         a->wait_until_ms = now + d.wait_ms;
         wait_start(r, d.wait_ms);
@@ -638,7 +639,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         return;
     }
     status = class == RIC_CLASS_TIMEOUT
-                     || (class == RIC_CLASS_CONNECT_ERROR && err == 0 && !h->tls_failed)
+                     || (class == RIC_CLASS_CONNECT_ERROR && err == 0 && !tls_failed)
                  ? 504 : 502;
     a->current = NULL;
     attempt_free(u);
