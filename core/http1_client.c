@@ -180,6 +180,18 @@ handshake_step(ric_http1_t *h)
     send_request(h);
 }
 
+/* The socket moved (or the connect timeout ran out) during a handshake. */
+static void
+handshake_event(ric_http1_t *h, short what)
+{
+    if (what & EV_TIMEOUT) {
+        h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
+                           "upstream timed out (TLS handshake, proxy_connect_timeout)");
+        return;
+    }
+    handshake_step(h);
+}
+
 /* Connected: TLS first for an https upstream, then the request. */
 static void
 connected(ric_http1_t *h)
@@ -223,12 +235,7 @@ on_write(ric_upconn_t *uc, short what)
         return;
     }
     if (h->state == RIC_HTTP1_HANDSHAKE) {
-        if (what & EV_TIMEOUT) {
-            h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
-                               "upstream timed out (TLS handshake, proxy_connect_timeout)");
-            return;
-        }
-        handshake_step(h);
+        handshake_event(h, what);
         return;
     }
     if (h->state == RIC_HTTP1_SENDING) {
@@ -647,12 +654,7 @@ on_read(ric_upconn_t *uc, short what)
         return;
     }
     if (h->state == RIC_HTTP1_HANDSHAKE) {
-        if (what & EV_TIMEOUT) {
-            h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
-                               "upstream timed out (TLS handshake, proxy_connect_timeout)");
-            return;
-        }
-        handshake_step(h);
+        handshake_event(h, what);
         return;
     }
     if (what & EV_TIMEOUT) {

@@ -19,7 +19,7 @@ CONNS=${BENCH_CONNECTIONS:-50}
 WARMUP=${BENCH_WARMUP:-1}
 ROWS=${BENCH_ROWS:-"none lmdb lmdb-sync redis"}
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port
+# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures
 . contrib/bench/lib.sh
 
 need_tools wrk nginx redis-server luajit curl awk
@@ -133,13 +133,7 @@ done
 run_wrk() { # row seconds -> "rps p99_ms"
     wrk -t1 -c"$CONNS" -d"${2}s" --latency -s "$dir/keyed.lua" "http://127.0.0.1:$(port_of "$1")/pay" \
         > "$dir/wrk.out" 2>&1 || die "wrk failed on $1: $(cat "$dir/wrk.out")"
-    awk '
-        /Requests\/sec:/ { rps = $2 }
-        $1 == "99%" { v = $2; ms = v + 0
-            if (v ~ /us$/) ms = ms / 1000; else if (v ~ /ms$/) ms = ms; else if (v ~ /s$/) ms = ms * 1000
-            p99 = ms }
-        /Non-2xx/ { bad = $4 }
-        END { printf "%s %.3f %s\n", rps, p99, bad + 0 }' "$dir/wrk.out"
+    wrk_figures "$dir/wrk.out"
 }
 
 if [ "$WARMUP" != 0 ]; then

@@ -84,3 +84,16 @@ wait_port() { # name port pid
     done
     die "$1 did not open 127.0.0.1:$2; its log: $(cat "$dir/$1.err" 2>/dev/null)"
 }
+
+# Reads a `wrk --latency` output file; prints "REQUESTS_PER_S P99_MS ERRORS"
+# (errors: non-2xx answers plus socket errors).
+wrk_figures() { # file
+    awk '
+        /Requests\/sec:/ { rps = $2 }
+        $1 == "99%" { v = $2; ms = v + 0
+            if (v ~ /us$/) ms = ms / 1000; else if (v ~ /ms$/) ms = ms; else if (v ~ /s$/) ms = ms * 1000
+            p99 = ms }
+        /Non-2xx/ { bad += $4 }
+        /Socket errors/ { bad += 1 }
+        END { printf "%s %.3f %d\n", rps, p99, bad }' "$1"
+}

@@ -20,7 +20,7 @@ CONNS=${BENCH_CONNECTIONS:-50}
 WARMUP=${BENCH_WARMUP:-1}
 ROWS="nginx haproxy ricochet"
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port
+# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures
 . contrib/bench/lib.sh
 
 need_tools wrk nginx haproxy openssl luajit curl awk
@@ -161,14 +161,7 @@ done
 run_wrk() { # row seconds -> "rps p99_ms errors"
     wrk -t1 -c"$CONNS" -d"${2}s" --latency "http://127.0.0.1:$(port_of "$1")/1k" \
         > "$dir/wrk.out" 2>&1 || die "wrk failed on $1: $(cat "$dir/wrk.out")"
-    awk '
-        /Requests\/sec:/ { rps = $2 }
-        $1 == "99%" { v = $2; ms = v + 0
-            if (v ~ /us$/) ms = ms / 1000; else if (v ~ /ms$/) ms = ms; else if (v ~ /s$/) ms = ms * 1000
-            p99 = ms }
-        /Non-2xx/ { bad += $4 }
-        /Socket errors/ { bad += 1 }
-        END { printf "%s %.3f %d\n", rps, p99, bad }' "$dir/wrk.out"
+    wrk_figures "$dir/wrk.out"
 }
 
 if [ "$WARMUP" != 0 ]; then
