@@ -19,7 +19,7 @@ CONNS=${BENCH_CONNECTIONS:-50}
 WARMUP=${BENCH_WARMUP:-1}
 ROWS=${BENCH_ROWS:-"none lmdb lmdb-sync redis"}
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures
+# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures, interleave_rounds
 . contrib/bench/lib.sh
 
 need_tools wrk nginx redis-server luajit curl awk
@@ -136,30 +136,19 @@ run_wrk() { # row seconds -> "rps p99_ms"
     wrk_figures "$dir/wrk.out"
 }
 
-if [ "$WARMUP" != 0 ]; then
-    for row in $ROWS; do run_wrk "$row" "$WARMUP" > /dev/null; done
-fi
-round=1
-while [ "$round" -le "$ROUNDS" ]; do
-    for row in $ROWS; do
-        set -- $(run_wrk "$row" "$DURATION")
-        [ "${3:-0}" = 0 ] || die "$row: $3 answers were not 2xx"
-        echo "$row $1 $2" >> "$dir/results"
-    done
-    round=$((round + 1))
-done
+interleave_rounds 1 > /dev/null
 
-median() { # row column
-    awk -v r="$1" -v c="$2" '$1 == r { print $c }' "$dir/results" | sort -n |
+median() { # row column (of $dir/results: round row rps p99 errors)
+    awk -v r="$1" -v c="$2" '$2 == r { print $c }' "$dir/results" | sort -n |
         awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-base=$(median none 2)
+base=$(median none 3)
 echo
 echo "keyed POSTs, a new key each: $CONNS connections, ${DURATION}s x $ROUNDS rounds (median), 1 worker"
 printf '%-12s %12s %10s %10s\n' store "requests/s" "vs none" "p99 ms"
 for row in $ROWS; do
-    rps=$(median "$row" 2)
-    p99=$(median "$row" 3)
+    rps=$(median "$row" 3)
+    p99=$(median "$row" 4)
     printf '%-12s %12.0f %9.2fx %10.2f\n' "$row" "$rps" "$(echo "$rps $base" | awk '{ print $1 / $2 }')" "$p99"
 done

@@ -97,3 +97,27 @@ wrk_figures() { # file
         /Socket errors/ { bad += 1 }
         END { printf "%s %.3f %d\n", rps, p99, bad }' "$1"
 }
+
+# The warm-up (WARMUP seconds per row, 0: none), then ROUNDS interleaved
+# rounds of DURATION seconds over ROWS, each run by the caller's
+# `run_wrk ROW SECONDS` (which prints what wrk_figures does). Appends
+# "ROUND ROW REQUESTS_PER_S P99_MS ERRORS" to $dir/results and prints it;
+# strict (1): a run with errors stops the benchmark.
+interleave_rounds() { # strict
+    rounds_strict=$1
+    if [ "$WARMUP" != 0 ]; then
+        for row in $ROWS; do run_wrk "$row" "$WARMUP" > /dev/null; done
+    fi
+    round=1
+    while [ "$round" -le "$ROUNDS" ]; do
+        for row in $ROWS; do
+            # shellcheck disable=SC2046 # three words
+            set -- $(run_wrk "$row" "$DURATION")
+            if [ "$rounds_strict" = 1 ] && [ "${3:-0}" != 0 ]; then
+                die "$row: $3 answers were not 2xx"
+            fi
+            echo "$round $row $1 $2 $3" | tee -a "$dir/results"
+        done
+        round=$((round + 1))
+    done
+}

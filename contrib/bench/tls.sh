@@ -20,7 +20,7 @@ CONNS=${BENCH_CONNECTIONS:-50}
 WARMUP=${BENCH_WARMUP:-1}
 ROWS="nginx haproxy ricochet"
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures
+# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures, interleave_rounds
 . contrib/bench/lib.sh
 
 need_tools wrk nginx haproxy openssl luajit curl awk
@@ -164,17 +164,7 @@ run_wrk() { # row seconds -> "rps p99_ms errors"
     wrk_figures "$dir/wrk.out"
 }
 
-if [ "$WARMUP" != 0 ]; then
-    for row in $ROWS; do run_wrk "$row" "$WARMUP" > /dev/null; done
-fi
-round=1
-while [ "$round" -le "$ROUNDS" ]; do
-    for row in $ROWS; do
-        set -- $(run_wrk "$row" "$DURATION")
-        echo "$round $row $1 $2 $3" | tee -a "$dir/results"
-    done
-    round=$((round + 1))
-done
+interleave_rounds 0
 
 echo
 echo "TLS to the upstream (verified, pooled): 1 KiB, $CONNS connections, ${DURATION}s x $ROUNDS rounds, 1 worker"
