@@ -67,7 +67,22 @@ typedef struct {
     int64_t idempotency_sync;           /* 1: a claim is on disk before the request goes on */
     int64_t proxy_ssl_verify;           /* 1: an https upstream's certificate must verify */
     int64_t proxy_ssl_server_name;      /* 1: send SNI */
+    int64_t ssl_protocols;              /* RIC_SSL_TLSV1_2 | RIC_SSL_TLSV1_3, for listen ... ssl */
+    int64_t ssl_session_cache;          /* sessions kept per worker; 0: no cache */
+    int64_t ssl_session_timeout;        /* how long a session (or ticket) resumes */
+    int64_t ssl_session_tickets;        /* 1: stateless tickets (resume across workers) */
+    int64_t ssl_handshake_timeout;      /* a client's whole TLS handshake */
 } ric_http_settings_t;
+
+#define RIC_SSL_TLSV1_2 0x1
+#define RIC_SSL_TLSV1_3 0x2
+
+/* A file named by a directive, and where: its errors are reported there. */
+typedef struct {
+    char *path; /* resolved */
+    const char *file;
+    int line;
+} ric_conf_file_t;
 
 #define RIC_IDEMPOTENCY_OFF 0
 #define RIC_IDEMPOTENCY_ON 1
@@ -129,6 +144,9 @@ typedef struct {
     struct ric_idem_store_conf_s *idempotency_store; /* idem_store.h; kind OFF: off */
     char *proxy_ssl_trusted_certificate; /* CA file for https upstreams; NULL: the system's */
     char *proxy_ssl_name;                /* the name sent and verified; NULL: the upstream's host */
+    ric_conf_file_t *ssl_certificate;     /* PEM chain, leaf first, for listen ... ssl */
+    ric_conf_file_t *ssl_certificate_key; /* PEM key of ssl_certificate */
+    char *ssl_ciphers;                   /* the TLS 1.2 cipher list (OpenSSL's syntax) */
 } ric_http_refs_t;
 
 struct ric_location_conf_s {
@@ -154,6 +172,7 @@ struct ric_listen_s {
     const char *file; /* where the listen directive is */
     int line;
     int default_server;
+    int ssl;    /* listen ... ssl */
     int fd;     /* set by the master when bound; shared by every server on it */
     ric_server_conf_t *server;
     ric_listen_t *next;      /* the server's next listen */
@@ -167,6 +186,7 @@ struct ric_server_conf_s {
     ric_location_conf_t *locations;
     ric_http_settings_t settings;
     ric_http_refs_t refs;
+    void *ssl_ctx; /* SSL_CTX of this config generation, when on an ssl address (tls_server.h) */
     const char *file;
     int line;
     ric_server_conf_t *next;
@@ -234,6 +254,8 @@ struct ric_listener_s {
     int fd;
     ric_server_conf_t *default_server;
     ric_listen_t *listens; /* every server's listen on this address */
+    int ssl;               /* clients speak TLS: the handshake starts with the default server's
+                            * SSL_CTX, and SNI picks the server whose certificate goes */
     ric_listener_t *next;
 };
 

@@ -1,6 +1,7 @@
 /* conf_directives.c: the directive table, its handlers, defaults and inheritance. */
 #include "conf_parse.h"
 #include "tls.h"
+#include "tls_server.h"
 #include "idem.h"
 #include "idem_store.h"
 #include "script.h"
@@ -445,6 +446,8 @@ set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     for (i = 2; i < cf->nargs; i++) {
         if (strcmp(cf->args[i], "default_server") == 0 || strcmp(cf->args[i], "default") == 0) {
             l->default_server = 1;
+        } else if (strcmp(cf->args[i], "ssl") == 0) {
+            l->ssl = 1;
         } else {
             return ric_conf_reason(cf, "invalid parameter \"%s\" in \"%s\" directive",
                                    cf->args[i], cmd->name);
@@ -812,6 +815,101 @@ set_path(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
         *ref_at(cf, cmd) = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
     }
     return dup;
+}
+
+/* ssl_certificate / ssl_certificate_key FILE: kept with where it was
+ * said; loaded when the config is finished (tls_server.c), for the servers
+ * on an ssl address. */
+static const char *
+set_ssl_file(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = ref_duplicate(cf, cmd);
+    ric_conf_file_t *f;
+
+    (void) conf;
+    if (dup != NULL) {
+        return dup;
+    }
+    f = ric_pcalloc(cf->pool, sizeof(*f));
+    f->path = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
+    f->file = cf->file;
+    f->line = cf->directive_line;
+    *(ric_conf_file_t **) ref_at(cf, cmd) = f;
+    return NULL;
+}
+
+/* ssl_protocols TLSv1.2 | TLSv1.3 ...: older ones are refused by name. */
+static const char *
+set_ssl_protocols(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    int64_t *field = field_at(conf, cmd), mask = 0;
+    const char *dup = check_unset(cf, cmd, conf);
+    int i;
+
+    if (dup != NULL) {
+        return dup;
+    }
+    for (i = 1; i < cf->nargs; i++) {
+        if (strcmp(cf->args[i], "TLSv1.2") == 0) {
+            mask |= RIC_SSL_TLSV1_2;
+        } else if (strcmp(cf->args[i], "TLSv1.3") == 0) {
+            mask |= RIC_SSL_TLSV1_3;
+        } else if (strcmp(cf->args[i], "SSLv2") == 0 || strcmp(cf->args[i], "SSLv3") == 0
+                   || strcmp(cf->args[i], "TLSv1") == 0 || strcmp(cf->args[i], "TLSv1.1") == 0) {
+            return ric_conf_reason(cf, "%s is not supported in \"%s\": it is insecure, and "
+                                   "TLSv1.2 is the oldest ricochet speaks", cf->args[i], cmd->name);
+        } else {
+            return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected TLSv1.2 or "
+                                   "TLSv1.3", cf->args[i], cmd->name);
+        }
+    }
+    *field = mask;
+    return NULL;
+}
+
+/* ssl_ciphers LIST: OpenSSL's syntax; a list naming no cipher it knows is
+ * an error now, not a failed handshake later. */
+static const char *
+set_ssl_ciphers(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = ref_duplicate(cf, cmd);
+
+    (void) conf;
+    if (dup != NULL) {
+        return dup;
+    }
+    if (!ric_tls_ciphers_valid(cf->args[1])) {
+        return ric_conf_reason(cf, "no cipher OpenSSL knows in \"%s\" \"%s\"", cmd->name,
+                               cf->args[1]);
+    }
+    *ref_at(cf, cmd) = ric_pstrdup(cf->pool, cf->args[1]);
+    return NULL;
+}
+
+/* ssl_session_cache off | builtin[:N]: N sessions kept by each worker. */
+static const char *
+set_ssl_session_cache(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    int64_t *field = field_at(conf, cmd), n = 20480;
+    const char *dup = check_unset(cf, cmd, conf), *a = cf->args[1];
+
+    if (dup != NULL) {
+        return dup;
+    }
+    if (strcmp(a, "off") == 0 || strcmp(a, "none") == 0) {
+        n = 0;
+    } else if (strncmp(a, "shared:", 7) == 0) {
+        return ric_conf_reason(cf, "\"%s\" is not supported in \"%s\": each worker keeps its "
+                               "own cache (builtin[:N]); sessions resume across workers by "
+                               "ssl_session_tickets", a, cmd->name);
+    } else if (strncmp(a, "builtin", 7) != 0
+               || (a[7] != '\0'
+                   && (a[7] != ':' || ric_conf_parse_number(a + 8, &n) != RIC_OK || n < 1))) {
+        return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected off or "
+                               "builtin[:N]", a, cmd->name);
+    }
+    *field = n;
+    return NULL;
 }
 
 /* classify_body_max SIZE: at most what the upstream client's buffer holds. */
@@ -1393,6 +1491,28 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "proxy_ssl_name", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_ssl_name,
       REFS(proxy_ssl_name), NULL,
       "NAME: the name sent as SNI and verified; default: the proxy_pass host or upstream name" },
+    { "ssl_certificate", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1 | RIC_CONF_REF, set_ssl_file,
+      REFS(ssl_certificate), NULL,
+      "FILE: the server's certificate chain (PEM, leaf first), for listen ... ssl" },
+    { "ssl_certificate_key", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1 | RIC_CONF_REF,
+      set_ssl_file, REFS(ssl_certificate_key), NULL,
+      "FILE: the private key (PEM, unencrypted) of ssl_certificate" },
+    { "ssl_protocols", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_1MORE, set_ssl_protocols,
+      SETTINGS(ssl_protocols), "TLSv1.2 TLSv1.3", "TLS versions clients may use: TLSv1.2 TLSv1.3" },
+    { "ssl_ciphers", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1 | RIC_CONF_REF, set_ssl_ciphers,
+      REFS(ssl_ciphers), RIC_TLS_DEFAULT_CIPHERS,
+      "LIST: TLS 1.2 ciphers (OpenSSL's syntax); TLS 1.3 always uses its own AEAD suites" },
+    { "ssl_session_cache", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1, set_ssl_session_cache,
+      SETTINGS(ssl_session_cache), "builtin:20480",
+      "off | builtin[:N]: sessions each worker keeps to resume by session id" },
+    { "ssl_session_timeout", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1, set_msec_positive,
+      SETTINGS(ssl_session_timeout), "5m", "how long a session or ticket may be resumed" },
+    { "ssl_session_tickets", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1, set_flag,
+      SETTINGS(ssl_session_tickets), "on",
+      "on: resume by tickets, whose keys every worker shares (made when the config loads)" },
+    { "ssl_handshake_timeout", RIC_CONF_HTTP | RIC_CONF_SRV, RIC_CONF_TAKE1, set_msec_positive,
+      SETTINGS(ssl_handshake_timeout), "10s",
+      "time for a client's whole TLS handshake; then the connection closes" },
     { "proxy_connect_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_connect_timeout), "5s", "time to establish an upstream connection" },
     { "proxy_send_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
@@ -1554,10 +1674,17 @@ build_listeners(ric_conf_parse_t *cf)
                 ls->text = l->text;
                 ls->fd = -1;
                 ls->default_server = s;
+                ls->ssl = l->ssl;
                 for (tail = &c->listeners; *tail; tail = &(*tail)->next) {
                 }
                 *tail = ls;
-            } else if (l->default_server) {
+            } else if (ls->ssl != l->ssl) {
+                return ric_conf_reason(cf, "%s:%d: listen %s is %s here and %s in %s:%d: an "
+                                       "address is one or the other", l->file, l->line, l->text,
+                                       l->ssl ? "ssl" : "plain", ls->ssl ? "ssl" : "plain",
+                                       ls->listens->file, ls->listens->line);
+            }
+            if (ls->listens != NULL && l->default_server) {
                 ric_listen_t *o;
                 for (o = ls->listens; o; o = o->addr_next) {
                     if (o->default_server) {
@@ -1954,6 +2081,9 @@ ric_conf_finish(ric_conf_parse_t *cf)
     reason = build_listeners(cf);
     if (reason != NULL) {
         snprintf(cf->err, cf->errlen, "%s", reason);
+        return ric_conf_reported;
+    }
+    if (ric_tls_server_setup(c, cf->pool, cf->err, cf->errlen) != RIC_OK) {
         return ric_conf_reported;
     }
     return NULL;

@@ -2,6 +2,8 @@
 #include "conn.h"
 #include "log.h"
 #include "request.h"
+#include "tls.h"
+#include "tls_server.h"
 #include "worker.h"
 
 #include <arpa/inet.h>
@@ -16,6 +18,7 @@
 #define LINGER_TOTAL_MS 30000   /* a lingering close never lasts longer */
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
+static void wait_read(ric_conn_t *c, const struct timeval *tv);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void conn_run(ric_conn_t *c);
 static void conn_free(ric_conn_t *c);
@@ -61,8 +64,23 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
     c->wev = event_new(w->base, fd, EV_WRITE, on_write, c);
     c->settings = &ls->default_server->settings;
     ric_http_msg_init(&c->msg);
-    /* the first request must arrive within client_header_timeout */
-    c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
+    if (ls->ssl) {
+        /* the handshake first, within ssl_handshake_timeout; the request
+         * head's clock starts when it is done */
+        c->state = RIC_CONN_HANDSHAKE;
+        c->read_deadline = ric_now_ms() + c->settings->ssl_handshake_timeout;
+        if (ric_tls_server_accept(&c->io, ls) != RIC_OK) {
+            ric_log_error(RIC_LOG_ERR, 0, "cannot start TLS on a connection, client: %s", c->peer);
+            event_free(c->rev);
+            event_free(c->wev);
+            ric_io_close(&c->io);
+            free(c);
+            return RIC_ERROR;
+        }
+    } else {
+        /* the first request must arrive within client_header_timeout */
+        c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
+    }
     ric_worker_conn_opened(w, c);
     ric_log_debug("accepted connection from %s on %s", c->peer, ls->text);
     conn_run(c);
@@ -138,7 +156,7 @@ conn_free(ric_conn_t *c)
 static void
 read_without_timeout(ric_conn_t *c)
 {
-    event_add(c->rev, NULL);
+    wait_read(c, NULL);
     event_remove_timer(c->rev);
 }
 
@@ -147,7 +165,18 @@ arm_read(ric_conn_t *c, int64_t deadline)
 {
     struct timeval tv = ric_ms_to_tv(deadline - ric_now_ms());
 
-    event_add(c->rev, &tv);
+    wait_read(c, &tv);
+}
+
+/* Every wait for the client's bytes: what TLS already took off the socket
+ * (the rest of a record) is read at once, as no event will announce it. */
+static void
+wait_read(ric_conn_t *c, const struct timeval *tv)
+{
+    event_add(c->rev, tv);
+    if (ric_io_pending(&c->io)) {
+        event_active(c->rev, EV_READ, 0);
+    }
 }
 
 /* Gives the buffer room to read into; RIC_ERROR when the head is at its limit. */
@@ -535,6 +564,45 @@ start_request(ric_conn_t *c, int error_status)
     ric_request_run(c->r);
 }
 
+/* One step of a TLS client's handshake; done, the connection waits for
+ * its first request head as a plain one would. */
+static void
+handshake_step(ric_conn_t *c)
+{
+    struct timeval tv = ric_ms_to_tv(c->read_deadline - ric_now_ms());
+    char err[256];
+
+    switch (ric_tls_handshake(&c->io, err, sizeof(err))) {
+    case RIC_OK:
+        event_del(c->wev);
+        c->state = RIC_CONN_HEAD;
+        c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
+        return;
+    case RIC_AGAIN:
+        /* waiting for one side only: a socket readable while the
+         * handshake wants to write must not wake it in a loop */
+        if (c->io.want == RIC_IO_WANT_WRITE) {
+            event_del(c->rev);
+            event_add(c->wev, &tv);
+        } else {
+            event_del(c->wev);
+            wait_read(c, &tv);
+        }
+        return;
+    default:
+        ric_log_error(RIC_LOG_INFO, 0, "TLS handshake failed: %s, client: %s", err, c->peer);
+        ric_conn_close(c);
+    }
+}
+
+static void
+handshake_timed_out(ric_conn_t *c)
+{
+    ric_log_error(RIC_LOG_INFO, 0, "client timed out during the TLS handshake, client: %s",
+                  c->peer);
+    ric_conn_close(c);
+}
+
 /* Runs the connection's steps as far as they go. Calls may nest (a request
  * that ends at once moves the connection on from inside the step that
  * began it), so a close inside only marks the connection, and the
@@ -546,12 +614,15 @@ conn_run(ric_conn_t *c)
     int rc;
 
     c->running++;
+    if (!c->closed && c->state == RIC_CONN_HANDSHAKE) {
+        handshake_step(c);
+    }
     while (!c->closed && c->state == RIC_CONN_HEAD) {
         if (c->in_len == 0) {
             if (c->requests > 0) {
                 /* idle between requests: keepalive_timeout applies */
                 tv = ric_ms_to_tv(c->keepalive_timeout);
-                event_add(c->rev, &tv);
+                wait_read(c, &tv);
             } else {
                 arm_read(c, c->read_deadline);
             }
@@ -593,6 +664,10 @@ ric_conn_shutdown(ric_conn_t *c)
     ssize_t n;
 
     c->close_after = 1;
+    if (c->state == RIC_CONN_HANDSHAKE) {
+        ric_conn_close(c); /* no request yet: as an idle connection */
+        return;
+    }
     if (c->r != NULL) {
         /* leave room to write the answer before worker_shutdown_timeout */
         ric_request_shutdown(c->r, ric_now_ms() + c->worker->conf->worker_shutdown_timeout * 9 / 10);
@@ -727,6 +802,11 @@ on_read(evutil_socket_t fd, short what, void *arg)
     case RIC_CONN_HEAD:
         on_head_read(c, what);
         break;
+    case RIC_CONN_HANDSHAKE:
+        if (what & EV_TIMEOUT) {
+            handshake_timed_out(c);
+        } /* else conn_run takes the next step */
+        break;
     }
     c->running--;
     conn_run(c);
@@ -739,7 +819,9 @@ on_write(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     c->running++;
-    if (c->r != NULL) {
+    if (c->state == RIC_CONN_HANDSHAKE && (what & EV_TIMEOUT)) {
+        handshake_timed_out(c);
+    } else if (c->r != NULL) {
         if (what & EV_TIMEOUT) {
             ric_log_error(RIC_LOG_INFO, 0, "client timed out while sending the response, "
                           "client: %s", c->peer);

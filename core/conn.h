@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 typedef enum {
+    RIC_CONN_HANDSHAKE, /* listen ... ssl: the TLS handshake, before the first head */
     RIC_CONN_HEAD,    /* waiting for / reading a request head */
     RIC_CONN_REQUEST, /* a request (ric_request_t) is under way */
     RIC_CONN_LINGER   /* answered with close: draining what the client still sends */

@@ -84,7 +84,7 @@ plain_close(ric_io_t *io)
 
 const ric_io_ops_t ric_io_plain = {
     "plain", plain_read, plain_writev, plain_sendfile, plain_shutdown_write, plain_peek_alive,
-    plain_close
+    NULL, plain_close
 };
 
 void

@@ -28,6 +28,10 @@ typedef struct {
     ssize_t (*sendfile)(ric_io_t *io, int file_fd, off_t *offset, size_t n);
     int (*shutdown_write)(ric_io_t *io);          /* RIC_OK or RIC_ERROR */
     int (*peek_alive)(ric_io_t *io);              /* 1: open and quiet; 0 */
+    /* NULL when the kind holds nothing back: whether bytes already taken
+     * off the socket wait to be read (a TLS record read in part), which no
+     * readable event will announce */
+    int (*pending)(ric_io_t *io);
     void (*close)(ric_io_t *io);
 } ric_io_ops_t;
 
@@ -74,6 +78,14 @@ static inline int
 ric_io_alive(ric_io_t *io)
 {
     return io->ops->peek_alive(io);
+}
+
+/* Whether a read would return data the socket no longer signals (the rest
+ * of a TLS record): who waits for readability must read at once instead. */
+static inline int
+ric_io_pending(ric_io_t *io)
+{
+    return io->ops->pending != NULL && io->ops->pending(io);
 }
 
 /* Opens a non-blocking stream socket on io and starts connecting it to sa.

@@ -124,6 +124,12 @@ tls_peek_alive(ric_io_t *io)
     return rc != 1 && SSL_get_error(io->tls, rc) == SSL_ERROR_WANT_READ;
 }
 
+static int
+tls_pending(ric_io_t *io)
+{
+    return SSL_has_pending(io->tls);
+}
+
 static void
 tls_close(ric_io_t *io)
 {
@@ -138,7 +144,7 @@ tls_close(ric_io_t *io)
 }
 
 const ric_io_ops_t ric_io_tls = {
-    "tls", tls_read, tls_writev, NULL, tls_shutdown_write, tls_peek_alive, tls_close
+    "tls", tls_read, tls_writev, NULL, tls_shutdown_write, tls_peek_alive, tls_pending, tls_close
 };
 
 static int
@@ -247,6 +253,17 @@ ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, int sni, SSL_SESSI
     io->tls = ssl;
     io->ops = &ric_io_tls;
     return RIC_OK;
+}
+
+int
+ric_tls_ciphers_valid(const char *list)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    int ok = ctx != NULL && SSL_CTX_set_cipher_list(ctx, list) == 1;
+
+    SSL_CTX_free(ctx);
+    ERR_clear_error();
+    return ok;
 }
 
 int

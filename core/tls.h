@@ -28,6 +28,15 @@ SSL_CTX *ric_tls_client_ctx(int verify, const char *ca_file, char *err, size_t e
 /* Frees a session kept in a slot (NULL is ok). */
 void ric_tls_session_free(void *session);
 
+/* The TLS 1.2 ciphers clients get by default: forward secret AEAD only
+ * (TLS 1.3 has its own suites, all of them good). */
+#define RIC_TLS_DEFAULT_CIPHERS \
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:" \
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+
+/* Whether list (OpenSSL's cipher list syntax) names a cipher OpenSSL has. */
+int ric_tls_ciphers_valid(const char *list);
+
 /* The server side of a TLS session of ctx on io (downstream). */
 int ric_tls_accept(ric_io_t *io, SSL_CTX *ctx);
 

@@ -340,6 +340,9 @@ ric_upconn_read_timeout(ric_upconn_t *c, int64_t ms)
         event_add(&c->rev, NULL);
         event_remove_timer(&c->rev);
     }
+    if (ric_io_pending(&c->io)) {
+        event_active(&c->rev, EV_READ, 0); /* the rest of a TLS record: no event would come */
+    }
 }
 
 void

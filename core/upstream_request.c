@@ -76,7 +76,7 @@ put_template(ric_request_t *r, const ric_template_part_t *part, ric_buf_t *b)
             ric_buf_puts(b, r->c->peer_port);
             break;
         case RIC_VAR_SCHEME:
-            ric_buf_puts(b, "http");
+            ric_buf_puts(b, r->c->listener->ssl ? "https" : "http");
             break;
         case RIC_VAR_PROXY_HOST:
             ric_buf_puts(b, r->up->conf->host_header);
@@ -244,7 +244,8 @@ ric_upstream_request_build(ric_request_t *r, int attempt, ric_buf_t *b)
         ric_buf_puts(b, "\r\n");
     }
     if (!replaced(r, "X-Forwarded-Proto")) {
-        ric_buf_puts(b, "X-Forwarded-Proto: http\r\n");
+        ric_buf_puts(b, r->c->listener->ssl ? "X-Forwarded-Proto: https\r\n"
+                                            : "X-Forwarded-Proto: http\r\n");
     }
     for (h = refs->headers; h; h = h->next) {
         if (find_edit(r->edits, (ric_str_t) { (const u_char *) h->name, strlen(h->name) })) {

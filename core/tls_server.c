@@ -1,0 +1,268 @@
+/* tls_server.c: TLS for clients (listen ... ssl): one SSL_CTX per server on an ssl address, made with the config; SNI picks the server whose certificate goes. */
+#include "tls_server.h"
+#include "route.h"
+#include "tls.h"
+
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/x509.h>
+#include <stdio.h>
+#include <unistd.h>
+
+/* ALPN: what this gateway speaks (RFC 7301 wire format). */
+static const unsigned char alpn_ours[] = "\x08http/1.1\x08http/1.0";
+
+/* A client that offers ALPN must offer HTTP/1: one asking only for h2
+ * gets the no_application_protocol alert rather than HTTP/1.1 it did not
+ * ask for. A client that offers no ALPN is served HTTP/1.1. */
+static int
+select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
+            unsigned int inlen, void *arg)
+{
+    unsigned char *sel;
+
+    (void) ssl;
+    (void) arg;
+    if (SSL_select_next_proto(&sel, outlen, alpn_ours, sizeof(alpn_ours) - 1, in, inlen)
+        != OPENSSL_NPN_NEGOTIATED) {
+        return SSL_TLSEXT_ERR_ALERT_FATAL;
+    }
+    *out = sel;
+    return SSL_TLSEXT_ERR_OK;
+}
+
+/* SNI: the server named, by the same rule as Host (exact names, then the
+ * longest wildcard, then the address's default server), and its
+ * certificate. The protocol, ciphers and sessions stay the listener's:
+ * they were settled before the name was read (ric_tls_server_setup makes
+ * every server on an address agree on them). */
+static int
+on_servername(SSL *ssl, int *alert, void *arg)
+{
+    const ric_listener_t *ls = SSL_get_app_data(ssl);
+    const char *name = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name);
+    ric_server_conf_t *s;
+    ric_str_t host;
+
+    (void) alert;
+    (void) arg;
+    if (ls == NULL || name == NULL) {
+        return SSL_TLSEXT_ERR_OK; /* no name: the default server's certificate */
+    }
+    host.data = (const u_char *) name;
+    host.len = strlen(name);
+    s = ric_route_server(ls, host);
+    if (s->ssl_ctx != NULL && s->ssl_ctx != SSL_get_SSL_CTX(ssl)) {
+        SSL_set_SSL_CTX(ssl, s->ssl_ctx);
+    }
+    return SSL_TLSEXT_ERR_OK;
+}
+
+/* Keys are read unencrypted: never a prompt on the terminal. */
+static int
+no_password(char *buf, int size, int rwflag, void *userdata)
+{
+    (void) buf;
+    (void) size;
+    (void) rwflag;
+    (void) userdata;
+    return 0;
+}
+
+/* OpenSSL's reason for the last failure, and the queue cleared. */
+static const char *
+openssl_reason(unsigned long *code)
+{
+    unsigned long e = ERR_peek_error(); /* the first: the cause, not "PEM lib" */
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+
+    if (code != NULL) {
+        *code = e;
+    }
+    ERR_clear_error();
+    return r != NULL ? r : "unknown reason";
+}
+
+static int
+readable(const ric_conf_file_t *f, const char *what, char *err, size_t errlen)
+{
+    if (access(f->path, R_OK) != 0) {
+        snprintf(err, errlen, "%s:%d: cannot read %s \"%s\": %s", f->file, f->line, what, f->path,
+                 strerror(errno));
+        return 0;
+    }
+    return 1;
+}
+
+/* The certificate chain and its key into ctx. */
+static int
+load_pair(SSL_CTX *ctx, const ric_conf_file_t *cert, const ric_conf_file_t *key, char *err,
+          size_t errlen)
+{
+    unsigned long code;
+    const char *why;
+
+    if (!readable(cert, "ssl_certificate", err, errlen)) {
+        return RIC_ERROR;
+    }
+    ERR_clear_error();
+    if (SSL_CTX_use_certificate_chain_file(ctx, cert->path) != 1) {
+        snprintf(err, errlen, "%s:%d: cannot load ssl_certificate \"%s\" (a PEM chain, leaf "
+                 "first): %s", cert->file, cert->line, cert->path, openssl_reason(NULL));
+        return RIC_ERROR;
+    }
+    if (!readable(key, "ssl_certificate_key", err, errlen)) {
+        return RIC_ERROR;
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, key->path, SSL_FILETYPE_PEM) != 1
+        || SSL_CTX_check_private_key(ctx) != 1) {
+        why = openssl_reason(&code);
+        if (ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH
+            || ERR_GET_REASON(code) == SSL_R_PRIVATE_KEY_MISMATCH) {
+            snprintf(err, errlen, "%s:%d: ssl_certificate_key \"%s\" is not the key of "
+                     "ssl_certificate \"%s\" (%s:%d)", key->file, key->line, key->path,
+                     cert->path, cert->file, cert->line);
+        } else {
+            snprintf(err, errlen, "%s:%d: cannot load ssl_certificate_key \"%s\" (a PEM key, "
+                     "not encrypted): %s", key->file, key->line, key->path, why);
+        }
+        return RIC_ERROR;
+    }
+    return RIC_OK;
+}
+
+/* Sessions of one server resume on that server only. */
+static void
+set_session_context(SSL_CTX *ctx, const ric_server_conf_t *s)
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_MD_CTX *m = EVP_MD_CTX_new();
+    char where[64];
+
+    snprintf(where, sizeof(where), ":%d:", s->line);
+    if (m != NULL && EVP_DigestInit_ex(m, EVP_sha256(), NULL) == 1) {
+        EVP_DigestUpdate(m, s->file, strlen(s->file));
+        EVP_DigestUpdate(m, where, strlen(where));
+        if (s->nnames > 0) {
+            EVP_DigestUpdate(m, s->names[0], strlen(s->names[0]));
+        }
+        EVP_DigestFinal_ex(m, md, &n);
+    }
+    EVP_MD_CTX_free(m);
+    SSL_CTX_set_session_id_context(ctx, md, ric_min(n, (unsigned) SSL_MAX_SID_CTX_LENGTH));
+}
+
+static void
+free_ctx(void *ctx)
+{
+    SSL_CTX_free(ctx);
+}
+
+static SSL_CTX *
+server_ctx(const ric_server_conf_t *s, const ric_listen_t *l, char *err, size_t errlen)
+{
+    const ric_http_settings_t *st = &s->settings;
+    const ric_http_refs_t *refs = &s->refs;
+    SSL_CTX *ctx;
+
+    if (refs->ssl_certificate == NULL || refs->ssl_certificate_key == NULL) {
+        snprintf(err, errlen, "%s:%d: listen %s ssl: the server has no %s (set it in the server "
+                 "or in http)", l->file, l->line, l->text,
+                 refs->ssl_certificate == NULL ? "ssl_certificate" : "ssl_certificate_key");
+        return NULL;
+    }
+    ctx = SSL_CTX_new(TLS_server_method());
+    if (ctx == NULL) {
+        snprintf(err, errlen, "%s:%d: cannot make a TLS context: %s", l->file, l->line,
+                 openssl_reason(NULL));
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, (st->ssl_protocols & RIC_SSL_TLSV1_2) ? TLS1_2_VERSION
+                                                                             : TLS1_3_VERSION);
+    SSL_CTX_set_max_proto_version(ctx, (st->ssl_protocols & RIC_SSL_TLSV1_3) ? TLS1_3_VERSION
+                                                                             : TLS1_2_VERSION);
+    /* a client cannot make the server renegotiate (a CPU sink, and a read
+     * that would want a write) */
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION
+                                 | (st->ssl_session_tickets == 1 ? 0 : SSL_OP_NO_TICKET));
+    SSL_CTX_set_cipher_list(ctx, refs->ssl_ciphers); /* checked when it was read */
+    SSL_CTX_set_default_passwd_cb(ctx, no_password);
+    if (load_pair(ctx, refs->ssl_certificate, refs->ssl_certificate_key, err, errlen) != RIC_OK) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    if (st->ssl_session_cache > 0) {
+        SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
+        SSL_CTX_sess_set_cache_size(ctx, (long) st->ssl_session_cache);
+    } else {
+        SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    }
+    SSL_CTX_set_timeout(ctx, (long) ric_max(st->ssl_session_timeout / 1000, (int64_t) 1));
+    /* one TLS 1.3 ticket a connection (OpenSSL sends two): a client
+     * resumes with one, and each costs the handshake an encryption */
+    SSL_CTX_set_num_tickets(ctx, 1);
+    set_session_context(ctx, s);
+    SSL_CTX_set_alpn_select_cb(ctx, select_alpn, NULL);
+    SSL_CTX_set_tlsext_servername_callback(ctx, on_servername);
+    return ctx;
+}
+
+/* What the handshake settles before SNI names a server is the listener's:
+ * every server on the address must agree on it. */
+static int
+agrees(const ric_server_conf_t *a, const ric_server_conf_t *b)
+{
+    const ric_http_settings_t *x = &a->settings, *y = &b->settings;
+
+    return x->ssl_protocols == y->ssl_protocols && x->ssl_session_cache == y->ssl_session_cache
+           && x->ssl_session_timeout == y->ssl_session_timeout
+           && x->ssl_session_tickets == y->ssl_session_tickets
+           && x->ssl_handshake_timeout == y->ssl_handshake_timeout
+           && strcmp(a->refs.ssl_ciphers, b->refs.ssl_ciphers) == 0;
+}
+
+int
+ric_tls_server_setup(ric_conf_t *conf, ric_pool_t *pool, char *err, size_t errlen)
+{
+    ric_listener_t *ls;
+    ric_listen_t *l;
+    ric_server_conf_t *s, *d;
+
+    for (ls = conf->listeners; ls; ls = ls->next) {
+        if (!ls->ssl) {
+            continue;
+        }
+        d = ls->default_server;
+        for (l = ls->listens; l; l = l->addr_next) {
+            s = l->server;
+            if (s != d && !agrees(s, d)) {
+                snprintf(err, errlen, "%s:%d: ssl_protocols, ssl_ciphers, ssl_session_* and "
+                         "ssl_handshake_timeout of the servers on %s differ from those of its "
+                         "default server (%s:%d): they apply before SNI names a server (set "
+                         "them once, in http)", l->file, l->line, l->text, d->file, d->line);
+                return RIC_ERROR;
+            }
+            if (s->ssl_ctx != NULL) {
+                continue; /* on another ssl address too */
+            }
+            s->ssl_ctx = server_ctx(s, l, err, errlen);
+            if (s->ssl_ctx == NULL) {
+                return RIC_ERROR;
+            }
+            ric_pool_cleanup_add(pool, free_ctx, s->ssl_ctx);
+        }
+    }
+    return RIC_OK;
+}
+
+int
+ric_tls_server_accept(ric_io_t *io, const ric_listener_t *ls)
+{
+    if (ric_tls_accept(io, ls->default_server->ssl_ctx) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    SSL_set_app_data(io->tls, (void *) ls);
+    return RIC_OK;
+}

@@ -1,0 +1,25 @@
+/* tls_server.h: TLS for clients (listen ... ssl): each server's context, made with the config, and SNI picking the server. */
+#ifndef RIC_TLS_SERVER_H
+#define RIC_TLS_SERVER_H
+
+#include "ric_core.h"
+#include "conf.h"
+#include "io.h"
+#include "pool.h"
+
+/* Makes the SSL_CTX of every server on an ssl address (its certificate and
+ * key, ssl_protocols, ssl_ciphers, ALPN http/1.1, the session cache and
+ * tickets), owned by pool: one set per configuration generation, so a
+ * reload brings new certificates and keys while connections of the old
+ * generation finish on theirs. Ticket keys are made here, in the master,
+ * so every worker forked from it resumes the others' tickets. RIC_OK, or
+ * RIC_ERROR with "FILE:LINE: reason" in err (a missing certificate or
+ * key, one that does not load, a key that does not match). */
+int ric_tls_server_setup(ric_conf_t *conf, ric_pool_t *pool, char *err, size_t errlen);
+
+/* Makes io, an accepted socket on the ssl listener ls, the server side of a
+ * TLS session; the handshake is then ric_tls_handshake's. RIC_OK or
+ * RIC_ERROR. */
+int ric_tls_server_accept(ric_io_t *io, const ric_listener_t *ls);
+
+#endif /* RIC_TLS_SERVER_H */
