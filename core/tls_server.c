@@ -118,8 +118,11 @@ load_pair(SSL_CTX *ctx, const ric_conf_file_t *cert, const ric_conf_file_t *key,
     if (SSL_CTX_use_PrivateKey_file(ctx, key->path, SSL_FILETYPE_PEM) != 1
         || SSL_CTX_check_private_key(ctx) != 1) {
         why = openssl_reason(&code);
+        /* a key of another type lands in another slot, which has no
+         * certificate: a mismatch too */
         if (ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH
-            || ERR_GET_REASON(code) == SSL_R_PRIVATE_KEY_MISMATCH) {
+            || ERR_GET_REASON(code) == SSL_R_PRIVATE_KEY_MISMATCH
+            || ERR_GET_REASON(code) == SSL_R_NO_CERTIFICATE_ASSIGNED) {
             snprintf(err, errlen, "%s:%d: ssl_certificate_key \"%s\" is not the key of "
                      "ssl_certificate \"%s\" (%s:%d)", key->file, key->line, key->path,
                      cert->path, cert->file, cert->line);
