@@ -133,11 +133,15 @@ tls_pending(ric_io_t *io)
 static void
 tls_close(ric_io_t *io)
 {
-    /* no close_notify (a pooled connection just goes), but a shutdown all
-     * the same: OpenSSL would otherwise take the session for a bad one and
-     * no later connection could resume it */
-    SSL_set_quiet_shutdown(io->tls, 1);
-    SSL_shutdown(io->tls);
+    /* close_notify, once and without waiting (a peer reading to the end
+     * of the stream learns it was not cut off); the shutdown also keeps
+     * the session good: OpenSSL drops a session whose connection ended
+     * without one, and no later connection could resume it */
+    if (!(SSL_get_shutdown(io->tls) & SSL_SENT_SHUTDOWN)) {
+        ERR_clear_error();
+        SSL_shutdown(io->tls);
+    }
+    ERR_clear_error();
     SSL_free(io->tls);
     io->tls = NULL;
     ric_io_plain.close(io);

@@ -363,6 +363,20 @@ describe("TLS for clients (listen ... ssl)", function()
         assert.equal("/pipelined", hits[2].path)
     end)
 
+    it("ends a connection with close_notify, so a body that ends with it is not taken for a cut one", function()
+        up:program({ default = { raw = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end\n", close = true } })
+        local req = dir .. "/req10.txt"
+        H.write_file(req, "GET /to-the-end HTTP/1.0\r\nHost: a.test\r\n\r\n")
+        local out = s_client(gw.port, { "-servername", "a.test", "-ign_eof" }, req)
+        -- s_client prints "closed" when the peer's close_notify ends the stream, nothing after a bare close
+        local at = out:find("until the end\n", 1, true)
+        assert.truthy(at, out)
+        assert.truthy(out:find("\nclosed\n", at, true), out)
+        local code, body = curl(gw.port, "a.test", "/to-the-end", { "--http1.0" })
+        assert.equal(0, code, body .. log())
+        assert.equal("until the end\n", body)
+    end)
+
     it("closes a connection whose handshake does not finish in ssl_handshake_timeout, and one that speaks plain HTTP", function()
         local data, closed = H.raw(gw.port, "", { timeout = 8 })
         assert.is_true(closed, "closed: " .. tostring(data))
