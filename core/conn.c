@@ -589,6 +589,15 @@ handshake_step(ric_conn_t *c)
             wait_read(c, &tv);
         }
         return;
+    case RIC_DECLINED:
+        /* as nginx: a 400 the client can read, in the plain HTTP it spoke,
+         * closed with a linger so the rest of its request cannot reset it */
+        ric_log_error(RIC_LOG_INFO, 0, "client sent plain HTTP to a TLS address (400), "
+                      "client: %s", c->peer);
+        ric_tls_drop(&c->io);
+        event_del(c->wev);
+        start_request(c, 400);
+        return;
     default:
         ric_log_error(RIC_LOG_INFO, 0, "TLS handshake failed: %s, client: %s", err, c->peer);
         ric_conn_close(c);
@@ -651,7 +660,13 @@ ric_conn_reclaim(ric_conn_t *c)
     /* idle between requests, nothing arrived and not closed by the client:
      * a plain close, which a keep-alive client must expect at any time */
     if (c->closed || c->state != RIC_CONN_HEAD || c->r != NULL || c->requests == 0
-        || c->in_len > 0 || c->running > 0 || !ric_io_alive(&c->io)) {
+        || c->in_len > 0 || c->running > 0) {
+        return 0;
+    }
+    if (!ric_io_alive(&c->io)) {
+        if (ric_io_pending(&c->io)) {
+            event_active(c->rev, EV_READ, 0); /* the look took a request off the socket */
+        }
         return 0;
     }
     ric_conn_close(c);

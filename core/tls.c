@@ -124,10 +124,13 @@ tls_peek_alive(ric_io_t *io)
     return rc != 1 && SSL_get_error(io->tls, rc) == SSL_ERROR_WANT_READ;
 }
 
+/* Decrypted bytes only: part of a record still arriving is announced by
+ * the socket (OpenSSL reads no further ahead than the record it is on),
+ * and counting it would wake the reader in a loop with nothing to read. */
 static int
 tls_pending(ric_io_t *io)
 {
-    return SSL_has_pending(io->tls);
+    return SSL_pending(io->tls) > 0;
 }
 
 static void
@@ -304,6 +307,13 @@ ric_tls_handshake(ric_io_t *io, char *err, size_t errlen)
     }
     verify = SSL_get_verify_result(io->tls);
     e = ERR_peek_error();
+    if (ERR_GET_LIB(e) == ERR_LIB_SSL
+        && (ERR_GET_REASON(e) == SSL_R_HTTP_REQUEST
+            || ERR_GET_REASON(e) == SSL_R_HTTPS_PROXY_REQUEST)) {
+        ERR_clear_error();
+        snprintf(err, errlen, "a plain HTTP request");
+        return RIC_DECLINED;
+    }
     if (verify != X509_V_OK) {
         snprintf(err, errlen, "the certificate did not verify: %s",
                  X509_verify_cert_error_string(verify));
@@ -316,6 +326,14 @@ ric_tls_handshake(ric_io_t *io, char *err, size_t errlen)
     }
     ERR_clear_error();
     return RIC_ERROR;
+}
+
+void
+ric_tls_drop(ric_io_t *io)
+{
+    SSL_free(io->tls);
+    io->tls = NULL;
+    io->ops = &ric_io_plain;
 }
 
 int

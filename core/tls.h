@@ -42,8 +42,13 @@ int ric_tls_accept(ric_io_t *io, SSL_CTX *ctx);
 
 /* One step of the handshake: RIC_OK when it is done, RIC_AGAIN when it
  * waits (io->want says for what), RIC_ERROR with OpenSSL's reason in err
- * (a certificate that did not verify says why). */
+ * (a certificate that did not verify says why), RIC_DECLINED when the
+ * peer spoke plain HTTP instead (its head follows on the socket). */
 int ric_tls_handshake(ric_io_t *io, char *err, size_t errlen);
+
+/* io goes on as a plain socket, its TLS session discarded unsent (to
+ * answer a peer that spoke plain HTTP in plain HTTP). */
+void ric_tls_drop(ric_io_t *io);
 
 /* Whether the session of io was resumed; its session to resume next time
  * (the caller owns it: SSL_SESSION_free), or NULL. */

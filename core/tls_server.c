@@ -32,30 +32,71 @@ select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen, const un
     return SSL_TLSEXT_ERR_OK;
 }
 
-/* SNI: the server named, by the same rule as Host (exact names, then the
- * longest wildcard, then the address's default server), and its
- * certificate. The protocol, ciphers and sessions stay the listener's:
- * they were settled before the name was read (ric_tls_server_setup makes
- * every server on an address agree on them). */
+/* The host name of the ClientHello's server_name extension (RFC 6066
+ * 3: a list of (type, name); type 0 is a host name), or 0. */
+static size_t
+hello_server_name(SSL *ssl, const u_char **name)
+{
+    const unsigned char *p;
+    size_t len, list, n;
+
+    if (!SSL_client_hello_get0_ext(ssl, TLSEXT_TYPE_server_name, &p, &len) || len < 2) {
+        return 0;
+    }
+    list = (size_t) p[0] << 8 | p[1];
+    p += 2;
+    if (list != len - 2) {
+        return 0;
+    }
+    while (list >= 3) {
+        n = (size_t) p[1] << 8 | p[2];
+        if (n > list - 3) {
+            return 0;
+        }
+        if (p[0] == TLSEXT_NAMETYPE_host_name) {
+            *name = p + 3;
+            return n;
+        }
+        p += 3 + n;
+        list -= 3 + n;
+    }
+    return 0;
+}
+
+/* SNI, read from the ClientHello before anything else is decided: the
+ * server named, by the rule Host follows (exact names, then the longest
+ * wildcard, then the address's default server), gives its certificate and
+ * its session id context, so a session resumes only on the server that
+ * issued it. The protocol, ciphers and session settings stay the
+ * listener's (ric_tls_server_setup makes the servers on an address agree
+ * on them). */
 static int
-on_servername(SSL *ssl, int *alert, void *arg)
+on_client_hello(SSL *ssl, int *alert, void *arg)
 {
     const ric_listener_t *ls = SSL_get_app_data(ssl);
-    const char *name = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name);
     ric_server_conf_t *s;
-    ric_str_t host;
+    ric_str_t host = { NULL, 0 };
 
     (void) alert;
     (void) arg;
-    if (ls == NULL || name == NULL) {
-        return SSL_TLSEXT_ERR_OK; /* no name: the default server's certificate */
+    if (ls == NULL) {
+        return SSL_CLIENT_HELLO_SUCCESS;
     }
-    host.data = (const u_char *) name;
-    host.len = strlen(name);
-    s = ric_route_server(ls, host);
+    host.len = hello_server_name(ssl, &host.data);
+    s = host.len > 0 ? ric_route_server(ls, host) : ls->default_server;
     if (s->ssl_ctx != NULL && s->ssl_ctx != SSL_get_SSL_CTX(ssl)) {
         SSL_set_SSL_CTX(ssl, s->ssl_ctx);
     }
+    return SSL_CLIENT_HELLO_SUCCESS;
+}
+
+/* The name was acted on in on_client_hello; this only acknowledges it. */
+static int
+on_servername(SSL *ssl, int *alert, void *arg)
+{
+    (void) ssl;
+    (void) alert;
+    (void) arg;
     return SSL_TLSEXT_ERR_OK;
 }
 
@@ -204,10 +245,12 @@ server_ctx(const ric_server_conf_t *s, const ric_listen_t *l, char *err, size_t 
     }
     SSL_CTX_set_timeout(ctx, (long) ric_max(st->ssl_session_timeout / 1000, (int64_t) 1));
     /* one TLS 1.3 ticket a connection (OpenSSL sends two): a client
-     * resumes with one, and each costs the handshake an encryption */
-    SSL_CTX_set_num_tickets(ctx, 1);
+     * resumes with one, and each costs the handshake an encryption; none
+     * when neither the ticket keys nor the cache could resume it */
+    SSL_CTX_set_num_tickets(ctx, st->ssl_session_tickets == 1 || st->ssl_session_cache > 0 ? 1 : 0);
     set_session_context(ctx, s);
     SSL_CTX_set_alpn_select_cb(ctx, select_alpn, NULL);
+    SSL_CTX_set_client_hello_cb(ctx, on_client_hello, NULL);
     SSL_CTX_set_tlsext_servername_callback(ctx, on_servername);
     return ctx;
 }

@@ -9,9 +9,9 @@
 
 /* Makes the SSL_CTX of every server on an ssl address (its certificate and
  * key, ssl_protocols, ssl_ciphers, ALPN http/1.1, the session cache and
- * tickets), owned by pool: one set per configuration generation, so a
- * reload brings new certificates and keys while connections of the old
- * generation finish on theirs. Ticket keys are made here, in the master,
+ * tickets), owned by pool: one set per configuration generation, so that
+ * a reload (not built yet) brings new certificates and keys while
+ * connections of the old generation finish on theirs. Ticket keys are made here, in the master,
  * so every worker forked from it resumes the others' tickets. RIC_OK, or
  * RIC_ERROR with "FILE:LINE: reason" in err (a missing certificate or
  * key, one that does not load, a key that does not match). */

@@ -377,19 +377,50 @@ describe("TLS for clients (listen ... ssl)", function()
         assert.equal("until the end\n", body)
     end)
 
-    it("closes a connection whose handshake does not finish in ssl_handshake_timeout, and one that speaks plain HTTP", function()
+    it("closes a handshake that does not finish in ssl_handshake_timeout, while serving others", function()
         local data, closed = H.raw(gw.port, "", { timeout = 8 })
         assert.is_true(closed, "closed: " .. tostring(data))
         assert.equal("", data)
+        -- a record that never arrives whole: the worker must wait for it, not spin, and its clock must run
+        local partial = assert(H.connect(gw.port))
+        assert(partial:send("\22\3\1\2\0\1\0\1"))
+        for _ = 1, 4 do
+            local code, out = curl(gw.port, "a.test", "/meanwhile", { "-o", "/dev/null", "-w", "%{http_code}" })
+            assert.equal(0, code, out)
+            assert.equal("200", out)
+        end
+        local rest, why = partial:read_response({ timeout = 8 })
+        partial:close()
+        assert.falsy(rest, "an answer to half a record?")
+        assert.truthy(why, "the connection was closed")
         assert.truthy(H.wait_until(function()
-            return gw:log():find("client timed out during the TLS handshake, client: 127%.0%.0%.1")
+            local _, n = gw:log():gsub("client timed out during the TLS handshake, client: 127%.0%.0%.1", "")
+            return n >= 2
         end), log())
-        data, closed = H.raw(gw.port, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", { timeout = 8 })
+    end)
+
+    it("answers plain HTTP sent to the TLS address with a 400, as nginx does", function()
+        local data, closed = H.raw(gw.port, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", { timeout = 8 })
         assert.is_true(closed)
-        assert.falsy(data:find("HTTP/1.1 200", 1, true), data)
+        assert.truthy(data:find("^HTTP/1.1 400 Bad Request\r\n"), data)
         assert.truthy(H.wait_until(function()
-            return gw:log():find("TLS handshake failed: [^\n]*, client: 127%.0%.0%.1")
+            return gw:log():find("client sent plain HTTP to a TLS address %(400%), client: 127%.0%.0%.1")
         end), log())
+    end)
+
+    it("resumes a session only on the server that issued it", function()
+        local req = dir .. "/req-b.txt"
+        H.write_file(req, "GET /scoped HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n")
+        for _, version in ipairs({ "-tls1_3", "-tls1_2" }) do
+            local sess = dir .. "/b" .. version .. ".sess"
+            local first = s_client(gw.port, { version, "-servername", "b.test", "-ign_eof", "-sess_out", sess }, req)
+            assert.truthy(first:find("New, TLSv1.", 1, true), first)
+            local other = s_client(gw.port, { version, "-servername", "a.test", "-ign_eof", "-sess_in", sess }, req)
+            assert.truthy(other:find("New, TLSv1.", 1, true), version .. ": b.test's session resumed on a.test\n" .. other)
+            assert.truthy(other:find("subject=CN = a.test", 1, true), other)
+            local same = s_client(gw.port, { version, "-servername", "b.test", "-ign_eof", "-sess_in", sess }, req)
+            assert.truthy(same:find("Reused, TLSv1.", 1, true), version .. ": " .. same)
+        end
     end)
 end)
 
