@@ -72,13 +72,16 @@ for i = 1, '"$1"' do s[i]:close() end
 '
 }
 
+# Whether something accepts connections on 127.0.0.1:PORT.
+port_open() { # port
+    luajit -e "local s=require('socket').connect('127.0.0.1',$1); os.exit(s and 0 or 1)" 2>/dev/null
+}
+
 wait_port() { # name port pid
     i=0
     while [ $i -lt 100 ]; do
         kill -0 "$3" 2>/dev/null || die "$1 exited at start; its log: $(cat "$dir/$1.err" 2>/dev/null)"
-        if luajit -e "local s=require('socket').connect('127.0.0.1',$2); os.exit(s and 0 or 1)" 2>/dev/null; then
-            return 0
-        fi
+        port_open "$2" && return 0
         sleep 0.05
         i=$((i + 1))
     done
@@ -100,9 +103,10 @@ wrk_figures() { # file
 
 # The warm-up (WARMUP seconds per row, 0: none), then ROUNDS interleaved
 # rounds of DURATION seconds over ROWS, each run by the caller's
-# `run_wrk ROW SECONDS` (which prints what wrk_figures does). Appends
-# "ROUND ROW REQUESTS_PER_S P99_MS ERRORS" to $dir/results and prints it;
-# strict (1): a run with errors stops the benchmark.
+# `run_wrk ROW SECONDS` (which prints what wrk_figures does, and may add
+# fields after those). Appends "ROUND ROW REQUESTS_PER_S P99_MS ERRORS ..."
+# to $dir/results and prints it; strict (1): a run with errors stops the
+# benchmark.
 interleave_rounds() { # strict
     rounds_strict=$1
     if [ "$WARMUP" != 0 ]; then
@@ -111,12 +115,12 @@ interleave_rounds() { # strict
     round=1
     while [ "$round" -le "$ROUNDS" ]; do
         for row in $ROWS; do
-            # shellcheck disable=SC2046 # three words
+            # shellcheck disable=SC2046 # three words, or more
             set -- $(run_wrk "$row" "$DURATION")
             if [ "$rounds_strict" = 1 ] && [ "${3:-0}" != 0 ]; then
                 die "$row: $3 answers were not 2xx"
             fi
-            echo "$round $row $1 $2 $3" | tee -a "$dir/results"
+            echo "$round $row $*" | tee -a "$dir/results"
         done
         round=$((round + 1))
     done
