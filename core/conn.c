@@ -19,6 +19,7 @@
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void wait_read(ric_conn_t *c, const struct timeval *tv);
+static void arm_read(ric_conn_t *c, int64_t deadline);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void conn_run(ric_conn_t *c);
 static void conn_free(ric_conn_t *c);
@@ -83,6 +84,12 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
     }
     ric_worker_conn_opened(w, c);
     ric_log_debug("accepted connection from %s on %s", c->peer, ls->text);
+    if (c->state == RIC_CONN_HANDSHAKE) {
+        /* its first step when the loop comes to it, in turn with the
+         * other connections, not within the accepting burst */
+        arm_read(c, c->read_deadline);
+        return RIC_OK;
+    }
     conn_run(c);
     return RIC_OK;
 }

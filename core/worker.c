@@ -15,6 +15,10 @@
 ric_worker_t *ric_worker;
 
 #define ACCEPTS_PER_WAKE 64
+/* a TLS client costs a handshake (hundreds of microseconds of CPU): taking
+ * a few at a time keeps the requests of connections already open from
+ * waiting behind a burst of them */
+#define TLS_ACCEPTS_PER_WAKE 4
 #define RECLAIM_AT_ONCE 32 /* idle connections closed when the worker is full */
 
 static void
@@ -42,10 +46,10 @@ on_accept(evutil_socket_t fd, short what, void *arg)
     ric_worker_t *w = ric_worker;
     struct sockaddr_storage ss;
     socklen_t len;
-    int i, cfd;
+    int i, n = ls->ssl ? TLS_ACCEPTS_PER_WAKE : ACCEPTS_PER_WAKE, cfd;
 
     (void) what;
-    for (i = 0; i < ACCEPTS_PER_WAKE && w->accepting; i++) {
+    for (i = 0; i < n && w->accepting; i++) {
         len = sizeof(ss);
         cfd = accept4(fd, (struct sockaddr *) &ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd == -1) {
