@@ -43,7 +43,7 @@ help:
 	@echo "                then retries under injected upstream faults"
 	@echo "make bench-faults  only the fault scenarios (contrib/bench/faults.sh)"
 	@echo "make bench-idempotency  only the idempotency store's cost (contrib/bench/idempotency.sh)"
-	@echo "make bench-tls  only TLS to the upstream against nginx and HAProxy (contrib/bench/tls.sh)"
+	@echo "make bench-tls  only TLS (to the upstream, and terminating it) against nginx and HAProxy (contrib/bench/tls.sh)"
 	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
 	@echo "make clean      remove build outputs"
 

@@ -200,9 +200,34 @@ context_conf(ric_conf_parse_t *cf)
     return NULL;
 }
 
+/* nginx directives people paste that this gateway does not have, and
+ * what to do instead. */
+static const struct {
+    const char *name;
+    const char *hint;
+} not_here[] = {
+    { "ssl", "TLS is a parameter of listen: \"listen ADDRESS:PORT ssl;\"" },
+    { "http2", "the gateway speaks HTTP/1.1 (ALPN offers http/1.1): remove it" },
+    { "ssl_prefer_server_ciphers",
+      "clients choose among ssl_ciphers, which are all forward-secret AEAD: remove it" },
+    { "ssl_dhparam", "the default ssl_ciphers use ECDHE only, which needs no DH parameters: "
+                     "remove it" },
+    { "ssl_ecdh_curve", "OpenSSL's default groups (X25519, P-256, ...) are used: remove it" },
+    { "ssl_stapling", "OCSP stapling is not supported yet: remove it" },
+    { "ssl_stapling_verify", "OCSP stapling is not supported yet: remove it" },
+    { "ssl_trusted_certificate", "OCSP stapling is not supported yet: remove it" },
+    { "ssl_session_ticket_key", "ticket keys are made when the configuration loads and shared "
+                                "by every worker: remove it" },
+    { "ssl_password_file", "keys are read unencrypted: decrypt it (openssl pkey -in KEY "
+                           "-out PLAIN.key) and remove this" },
+    { "proxy_ssl_session_reuse", "sessions to https upstreams are always reused: remove it" },
+    { "proxy_http_version", "the gateway always speaks HTTP/1.1 to upstreams: remove it" },
+};
+
 static const char *
 dispatch(ric_conf_parse_t *cf, int ended_by)
 {
+    size_t i;
     const ric_conf_cmd_t *cmd;
     int known = 0, argc = cf->nargs - 1;
     unsigned ok;
@@ -232,6 +257,12 @@ dispatch(ric_conf_parse_t *cf, int ended_by)
     }
     if (known) {
         return ric_conf_reason(cf, "\"%s\" directive is not allowed here", cf->args[0]);
+    }
+    for (i = 0; i < ric_nelems(not_here); i++) {
+        if (strcmp(not_here[i].name, cf->args[0]) == 0) {
+            return ric_conf_reason(cf, "unknown directive \"%s\": %s", cf->args[0],
+                                   not_here[i].hint);
+        }
     }
     return ric_conf_reason(cf, "unknown directive \"%s\"", cf->args[0]);
 }

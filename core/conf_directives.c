@@ -448,6 +448,10 @@ set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
             l->default_server = 1;
         } else if (strcmp(cf->args[i], "ssl") == 0) {
             l->ssl = 1;
+        } else if (strcmp(cf->args[i], "http2") == 0 || strcmp(cf->args[i], "quic") == 0) {
+            return ric_conf_reason(cf, "\"%s\" in \"%s\" is not supported: the gateway speaks "
+                                   "HTTP/1.1 (ALPN offers http/1.1); remove it", cf->args[i],
+                                   cmd->name);
         } else {
             return ric_conf_reason(cf, "invalid parameter \"%s\" in \"%s\" directive",
                                    cf->args[i], cmd->name);
@@ -491,18 +495,26 @@ set_server_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     if (s->names != NULL) {
         return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
     }
-    s->names = ric_palloc(cf->pool, sizeof(char *) * (size_t) (cf->nargs - 1));
+    /* ".example.com" is two names, as in nginx: example.com and *.example.com */
+    s->names = ric_palloc(cf->pool, sizeof(char *) * (size_t) (cf->nargs - 1) * 2);
     for (i = 1; i < cf->nargs; i++) {
-        if (cf->args[i][0] == '~') {
+        const char *n = cf->args[i];
+        if (n[0] == '~') {
             return ric_conf_reason(cf, "regular expression server names are not supported: "
-                                   "\"%s\"", cf->args[i]);
+                                   "\"%s\"", n);
         }
-        if (!valid_server_name(cf->args[i])) {
+        if (n[0] == '.' && n[1] != '\0' && n[1] != '.') {
+            s->names[s->nnames++] = ric_pstrdup(cf->pool, ric_conf_reason(cf, "*%s", n));
+            n++;
+        }
+        if (!valid_server_name(n)) {
             return ric_conf_reason(cf, "invalid server name \"%s\"", cf->args[i]);
         }
-        s->names[s->nnames++] = ric_pstrdup(cf->pool, cf->args[i]);
-        /* names compare case-insensitively: keep them lowercase */
-        for (char *p = s->names[s->nnames - 1]; *p; p++) {
+        s->names[s->nnames++] = ric_pstrdup(cf->pool, n);
+    }
+    /* names compare case-insensitively: keep them lowercase */
+    for (i = 0; i < s->nnames; i++) {
+        for (char *p = s->names[i]; *p; p++) {
             if (*p >= 'A' && *p <= 'Z') {
                 *p |= 0x20;
             }
@@ -850,12 +862,13 @@ set_ssl_protocols(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
         return dup;
     }
     for (i = 1; i < cf->nargs; i++) {
-        if (strcmp(cf->args[i], "TLSv1.2") == 0) {
+        if (strcasecmp(cf->args[i], "TLSv1.2") == 0) {
             mask |= RIC_SSL_TLSV1_2;
-        } else if (strcmp(cf->args[i], "TLSv1.3") == 0) {
+        } else if (strcasecmp(cf->args[i], "TLSv1.3") == 0) {
             mask |= RIC_SSL_TLSV1_3;
-        } else if (strcmp(cf->args[i], "SSLv2") == 0 || strcmp(cf->args[i], "SSLv3") == 0
-                   || strcmp(cf->args[i], "TLSv1") == 0 || strcmp(cf->args[i], "TLSv1.1") == 0) {
+        } else if (strcasecmp(cf->args[i], "SSLv2") == 0 || strcasecmp(cf->args[i], "SSLv3") == 0
+                   || strcasecmp(cf->args[i], "TLSv1") == 0
+                   || strcasecmp(cf->args[i], "TLSv1.1") == 0) {
             return ric_conf_reason(cf, "%s is not supported in \"%s\": it is insecure, and "
                                    "TLSv1.2 is the oldest ricochet speaks", cf->args[i], cmd->name);
         } else {
@@ -879,8 +892,9 @@ set_ssl_ciphers(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
         return dup;
     }
     if (!ric_tls_ciphers_valid(cf->args[1])) {
-        return ric_conf_reason(cf, "no cipher OpenSSL knows in \"%s\" \"%s\"", cmd->name,
-                               cf->args[1]);
+        return ric_conf_reason(cf, "no TLS 1.2 cipher OpenSSL knows in \"%s\" \"%s\" (TLS 1.3 "
+                               "suites, TLS_AES_..., are not chosen here: TLS 1.3 uses all of "
+                               "them)", cmd->name, cf->args[1]);
     }
     *ref_at(cf, cmd) = ric_pstrdup(cf->pool, cf->args[1]);
     return NULL;
@@ -1650,6 +1664,33 @@ same_addr(const struct sockaddr_storage *a, socklen_t alen, const struct sockadd
     return alen == blen && memcmp(a, b, alen) == 0;
 }
 
+/* A name another server on the address already has: which server a Host or
+ * an SNI name picks must not depend on the order of the file. */
+static const char *
+name_taken(ric_conf_parse_t *cf, const ric_listener_t *ls, const ric_listen_t *l)
+{
+    const ric_listen_t *o;
+    int i, j;
+
+    for (o = ls->listens; o; o = o->addr_next) {
+        if (o->server == l->server) {
+            continue;
+        }
+        for (i = 0; i < l->server->nnames; i++) {
+            for (j = 0; j < o->server->nnames; j++) {
+                if (l->server->names[i][0] != '\0'
+                    && strcmp(l->server->names[i], o->server->names[j]) == 0) {
+                    return ric_conf_reason(cf, "%s:%d: server name \"%s\" on %s is also the "
+                                           "name of the server at %s:%d: one name, one server",
+                                           l->file, l->line, l->server->names[i], l->text,
+                                           o->server->file, o->server->line);
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
 /* Groups every server's listens into one listener per address, picking the
  * default server of each. */
 static const char *
@@ -1683,6 +1724,9 @@ build_listeners(ric_conf_parse_t *cf)
                                        "address is one or the other", l->file, l->line, l->text,
                                        l->ssl ? "ssl" : "plain", ls->ssl ? "ssl" : "plain",
                                        ls->listens->file, ls->listens->line);
+            }
+            if (name_taken(cf, ls, l) != NULL) {
+                return cf->reason;
             }
             if (ls->listens != NULL && l->default_server) {
                 ric_listen_t *o;

@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -128,12 +130,62 @@ openssl_reason(unsigned long *code)
 static int
 readable(const ric_conf_file_t *f, const char *what, char *err, size_t errlen)
 {
-    if (access(f->path, R_OK) != 0) {
+    struct stat st;
+
+    if (access(f->path, R_OK) != 0 || stat(f->path, &st) != 0) {
         snprintf(err, errlen, "%s:%d: cannot read %s \"%s\": %s", f->file, f->line, what, f->path,
                  strerror(errno));
         return 0;
     }
+    if (!S_ISREG(st.st_mode) || st.st_size == 0) {
+        snprintf(err, errlen, "%s:%d: %s \"%s\" is %s", f->file, f->line, what, f->path,
+                 S_ISDIR(st.st_mode) ? "a directory" : !S_ISREG(st.st_mode) ? "not a file"
+                                                                            : "empty");
+        return 0;
+    }
     return 1;
+}
+
+/* Whether a PEM file holds an encrypted key (either form of it). */
+static int
+encrypted_key(const char *path)
+{
+    char line[256];
+    FILE *f = fopen(path, "r");
+    int found = 0;
+
+    while (f != NULL && !found && fgets(line, sizeof(line), f) != NULL) {
+        found = strstr(line, "ENCRYPTED") != NULL;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return found;
+}
+
+/* Which certificate of the chain file (1 = the first) key belongs to; 0:
+ * none. For a chain written in the wrong order. */
+static int
+key_position(const char *chain, const char *key_path)
+{
+    BIO *kb = BIO_new_file(key_path, "r"), *cb = BIO_new_file(chain, "r");
+    EVP_PKEY *key = kb ? PEM_read_bio_PrivateKey(kb, NULL, no_password, NULL) : NULL;
+    X509 *x;
+    int i, at = 0;
+
+    for (i = 1; key != NULL && cb != NULL && at == 0
+                && (x = PEM_read_bio_X509(cb, NULL, no_password, NULL)) != NULL;
+         i++) {
+        if (X509_check_private_key(x, key) == 1) {
+            at = i;
+        }
+        X509_free(x);
+    }
+    EVP_PKEY_free(key);
+    BIO_free(kb);
+    BIO_free(cb);
+    ERR_clear_error();
+    return at;
 }
 
 /* The certificate chain and its key into ctx. */
@@ -149,8 +201,9 @@ load_pair(SSL_CTX *ctx, const ric_conf_file_t *cert, const ric_conf_file_t *key,
     }
     ERR_clear_error();
     if (SSL_CTX_use_certificate_chain_file(ctx, cert->path) != 1) {
-        snprintf(err, errlen, "%s:%d: cannot load ssl_certificate \"%s\" (a PEM chain, leaf "
-                 "first): %s", cert->file, cert->line, cert->path, openssl_reason(NULL));
+        snprintf(err, errlen, "%s:%d: ssl_certificate \"%s\" is not a PEM certificate chain "
+                 "(\"-----BEGIN CERTIFICATE-----\", the leaf first): %s", cert->file, cert->line,
+                 cert->path, openssl_reason(NULL));
         return RIC_ERROR;
     }
     if (!readable(key, "ssl_certificate_key", err, errlen)) {
@@ -159,17 +212,31 @@ load_pair(SSL_CTX *ctx, const ric_conf_file_t *cert, const ric_conf_file_t *key,
     if (SSL_CTX_use_PrivateKey_file(ctx, key->path, SSL_FILETYPE_PEM) != 1
         || SSL_CTX_check_private_key(ctx) != 1) {
         why = openssl_reason(&code);
-        /* a key of another type lands in another slot, which has no
-         * certificate: a mismatch too */
-        if (ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH
-            || ERR_GET_REASON(code) == SSL_R_PRIVATE_KEY_MISMATCH
-            || ERR_GET_REASON(code) == SSL_R_NO_CERTIFICATE_ASSIGNED) {
-            snprintf(err, errlen, "%s:%d: ssl_certificate_key \"%s\" is not the key of "
-                     "ssl_certificate \"%s\" (%s:%d)", key->file, key->line, key->path,
-                     cert->path, cert->file, cert->line);
+        if (encrypted_key(key->path)) {
+            snprintf(err, errlen, "%s:%d: ssl_certificate_key \"%s\" is encrypted: the gateway "
+                     "reads keys unencrypted and never asks for a passphrase (write a plain "
+                     "copy with `openssl pkey -in KEY -out PLAIN.key`, readable by this user "
+                     "only)", key->file, key->line, key->path);
+        } else if (ERR_GET_REASON(code) == X509_R_KEY_VALUES_MISMATCH
+                   || ERR_GET_REASON(code) == SSL_R_PRIVATE_KEY_MISMATCH
+                   || ERR_GET_REASON(code) == SSL_R_NO_CERTIFICATE_ASSIGNED) {
+            /* (a key of another type lands in another slot, which has no
+             * certificate: a mismatch too) */
+            int at = key_position(cert->path, key->path);
+            if (at > 1) {
+                snprintf(err, errlen, "%s:%d: ssl_certificate \"%s\" must start with the "
+                         "certificate of ssl_certificate_key (the leaf), then its "
+                         "intermediates; here the leaf is certificate %d", cert->file,
+                         cert->line, cert->path, at);
+            } else {
+                snprintf(err, errlen, "%s:%d: ssl_certificate_key \"%s\" is not the key of "
+                         "ssl_certificate \"%s\" (%s:%d)", key->file, key->line, key->path,
+                         cert->path, cert->file, cert->line);
+            }
         } else {
-            snprintf(err, errlen, "%s:%d: cannot load ssl_certificate_key \"%s\" (a PEM key, "
-                     "not encrypted): %s", key->file, key->line, key->path, why);
+            snprintf(err, errlen, "%s:%d: ssl_certificate_key \"%s\" is not a PEM private key "
+                     "(\"-----BEGIN PRIVATE KEY-----\"): %s", key->file, key->line, key->path,
+                     why);
         }
         return RIC_ERROR;
     }

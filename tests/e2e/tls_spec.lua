@@ -210,7 +210,7 @@ http {
     }
     server {
         listen 127.0.0.1:{{PORT}} ssl;
-        server_name b.test *.b.test;
+        server_name .b.test;
         ssl_certificate {{DIR}}/b.test.pem;
         ssl_certificate_key {{DIR}}/b.test.key;
         location / { proxy_pass http://{{UPSTREAM}}; }
@@ -450,7 +450,14 @@ describe("TLS for clients in the config", function()
         refused(server("        ssl_certificate {{DIR}}/a.test.pem;\n        ssl_certificate_key {{DIR}}/b.test.key;\n"),
             'ricochet%.conf:5: ssl_certificate_key "[^"]*/b%.test%.key" is not the key of ssl_certificate "[^"]*/a%.test%.pem" %(.-ricochet%.conf:4%)')
         refused(server("        ssl_certificate {{DIR}}/a.test.key;\n        ssl_certificate_key {{DIR}}/a.test.key;\n"),
-            'ricochet%.conf:4: cannot load ssl_certificate "[^"]*/a%.test%.key"')
+            'ricochet%.conf:4: ssl_certificate "[^"]*/a%.test%.key" is not a PEM certificate chain')
+        -- a chain with the CA first, and an encrypted key: each error says what to do
+        H.write_file(dir .. "/wrong-order.pem", H.read_file(dir .. "/ca.pem") .. H.read_file(dir .. "/a.test.pem"))
+        refused(server("        ssl_certificate {{DIR}}/wrong-order.pem;\n        ssl_certificate_key {{DIR}}/a.test.key;\n"),
+            'ricochet%.conf:4: ssl_certificate "[^"]*/wrong%-order%.pem" must start with the certificate of ssl_certificate_key %(the leaf%)')
+        openssl({ "pkey", "-in", dir .. "/a.test.key", "-aes256", "-passout", "pass:secret", "-out", dir .. "/enc.key" })
+        refused(server("        ssl_certificate {{DIR}}/a.test.pem;\n        ssl_certificate_key {{DIR}}/enc.key;\n"),
+            'ricochet%.conf:5: ssl_certificate_key "[^"]*/enc%.key" is encrypted')
         refused(server(""), "ricochet%.conf:3: listen 127%.0%.0%.1:%d+ ssl: the server has no ssl_certificate")
     end)
 
@@ -463,6 +470,15 @@ describe("TLS for clients in the config", function()
         refused("http {\n    server { listen 127.0.0.1:{{PORT}} ssl;\n" .. pair .. " location / { } }\n"
             .. "    server { listen 127.0.0.1:{{PORT}}; server_name other; location / { } }\n}\n",
             "ricochet%.conf:6: listen 127%.0%.0%.1:%d+ is plain here and ssl in [^\n]*ricochet%.conf:2")
+        refused(server(pair):gsub(" ssl;", " ssl http2;"), 'ricochet%.conf:3: "http2" in "listen" is not supported')
+        refused(server(pair .. "        ssl on;\n"), 'ricochet%.conf:6: unknown directive "ssl": TLS is a parameter of listen')
+    end)
+
+    it("refuses one name for two servers on an address (which one SNI picks must not depend on the order)", function()
+        local pair = "        ssl_certificate {{DIR}}/a.test.pem;\n        ssl_certificate_key {{DIR}}/a.test.key;\n"
+        refused("http {\n    server { listen 127.0.0.1:{{PORT}} ssl; server_name a.test;\n" .. pair .. " location / { } }\n"
+            .. "    server { listen 127.0.0.1:{{PORT}} ssl; server_name b.test A.test;\n" .. pair .. " location / { } }\n}\n",
+            'ricochet%.conf:6: server name "a%.test" on 127%.0%.0%.1:%d+ is also the name of the server at [^\n]*ricochet%.conf:2')
     end)
 
     it("passes ricochet -t with good certificates", function()
