@@ -34,15 +34,12 @@ select_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen, const un
     return SSL_TLSEXT_ERR_OK;
 }
 
-/* The host name of the ClientHello's server_name extension (RFC 6066
- * 3: a list of (type, name); type 0 is a host name), or 0. */
-static size_t
-hello_server_name(SSL *ssl, const u_char **name)
+size_t
+ric_tls_sni_name(const u_char *p, size_t len, const u_char **name)
 {
-    const unsigned char *p;
-    size_t len, list, n;
+    size_t list, n;
 
-    if (!SSL_client_hello_get0_ext(ssl, TLSEXT_TYPE_server_name, &p, &len) || len < 2) {
+    if (len < 2) {
         return 0;
     }
     list = (size_t) p[0] << 8 | p[1];
@@ -78,13 +75,17 @@ on_client_hello(SSL *ssl, int *alert, void *arg)
     const ric_listener_t *ls = SSL_get_app_data(ssl);
     ric_server_conf_t *s;
     ric_str_t host = { NULL, 0 };
+    const unsigned char *ext;
+    size_t len;
 
     (void) alert;
     (void) arg;
     if (ls == NULL) {
         return SSL_CLIENT_HELLO_SUCCESS;
     }
-    host.len = hello_server_name(ssl, &host.data);
+    if (SSL_client_hello_get0_ext(ssl, TLSEXT_TYPE_server_name, &ext, &len)) {
+        host.len = ric_tls_sni_name(ext, len, &host.data);
+    }
     s = host.len > 0 ? ric_route_server(ls, host) : ls->default_server;
     if (s->ssl_ctx != NULL && s->ssl_ctx != SSL_get_SSL_CTX(ssl)) {
         SSL_set_SSL_CTX(ssl, s->ssl_ctx);

@@ -22,4 +22,10 @@ int ric_tls_server_setup(ric_conf_t *conf, ric_pool_t *pool, char *err, size_t e
  * RIC_ERROR. */
 int ric_tls_server_accept(ric_io_t *io, const ric_listener_t *ls);
 
+/* The host name in a ClientHello's server_name extension (its bytes,
+ * p[0, len), as the client sent them: RFC 6066 3, a list of (type, name)
+ * where type 0 is a host name): its length, with *name pointing into p; 0
+ * when there is none or the extension is malformed. */
+size_t ric_tls_sni_name(const u_char *p, size_t len, const u_char **name);
+
 #endif /* RIC_TLS_SERVER_H */
