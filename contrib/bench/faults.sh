@@ -135,17 +135,9 @@ http {
 CONF
         ;;
     haproxy)
-        cat > "$3/haproxy.cfg" <<CONF
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 75s
-    http-reuse always
+        {
+            haproxy_head
+            cat <<CONF
     retries $((ATTEMPTS - 1))
     retry-on 503 conn-failure empty-response response-timeout
 frontend fe
@@ -154,6 +146,7 @@ frontend fe
 backend be
     server up1 127.0.0.1:$uport
 CONF
+        } > "$3/haproxy.cfg"
         ;;
     ricochet*)
         variant=""

@@ -90,6 +90,23 @@ wait_port() { # name port pid
 
 # Reads a `wrk --latency` output file; prints "REQUESTS_PER_S P99_MS ERRORS"
 # (errors: non-2xx answers plus socket errors).
+# HAProxy's global and defaults sections, as every benchmark runs it: one
+# thread, server connections reused; the caller's sections follow.
+haproxy_head() {
+    cat <<'CONF'
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 75s
+    http-reuse always
+CONF
+}
+
 wrk_figures() { # file
     awk '
         /Requests\/sec:/ { rps = $2 }

@@ -180,23 +180,16 @@ if [ "$SCRIPTS" = 1 ]; then
 fi
 
 # --- proxy 2: HAProxy, one thread, server connections reused -----------------
-cat > "$dir/haproxy.cfg" <<CONF
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 75s
-    http-reuse always
+{
+    haproxy_head
+    cat <<CONF
 frontend fe
     bind 127.0.0.1:$hport
     default_backend be
 backend be
     server up1 127.0.0.1:$uport
 CONF
+} > "$dir/haproxy.cfg"
 $SRV_PIN haproxy -db -f "$dir/haproxy.cfg" > "$dir/haproxy.err" 2>&1 &
 pids="$pids $!"
 hpid=$!

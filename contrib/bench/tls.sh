@@ -141,23 +141,16 @@ npid=$!
 pids="$pids $npid"
 wait_port nginx "$nport" $npid
 
-cat > "$dir/haproxy.cfg" <<CONF
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 75s
-    http-reuse always
+{
+    haproxy_head
+    cat <<CONF
 frontend fe
     bind 127.0.0.1:$hport
     default_backend be
 backend be
     server up1 127.0.0.1:$uport ssl verify required ca-file $dir/ca.pem sni str(localhost) verifyhost localhost
 CONF
+} > "$dir/haproxy.cfg"
 haproxy -db -f "$dir/haproxy.cfg" > "$dir/haproxy.err" 2>&1 &
 hpid=$!
 pids="$pids $hpid"
@@ -303,23 +296,16 @@ ntpid=$!
 pids="$pids $ntpid"
 wait_port nginx-term "$ntport" $ntpid
 
-cat > "$dir/haproxy-term.cfg" <<CONF
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 75s
-    http-reuse always
+{
+    haproxy_head
+    cat <<CONF
 frontend fe
     bind 127.0.0.1:$htport ssl crt $dir/combined.pem alpn http/1.1 ssl-min-ver TLSv1.2
     default_backend be
 backend be
     server up1 127.0.0.1:$pport
 CONF
+} > "$dir/haproxy-term.cfg"
 haproxy -db -f "$dir/haproxy-term.cfg" > "$dir/haproxy-term.err" 2>&1 &
 htpid=$!
 pids="$pids $htpid"
