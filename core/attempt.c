@@ -492,6 +492,7 @@ deliver(ric_attempt_t *u)
     a->kept = a->draining = NULL;
     wait_stop(r);
     r->answer = u;
+    r->answer_classified = u->classified;
     r->log.upstream = u->client.peer->conf->addr_text;
     ric_request_resume(r);
 }
@@ -566,6 +567,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     memset(&in, 0, sizeof(in));
     in.class = class;
     in.classified = classify(r, u, class, &in.script_delay_ms, &failed);
+    u->classified = in.classified;
     in.has_script_delay = in.script_delay_ms >= 0;
     ric_upstream_report(r->up, h->peer, failed, now);
     in.status = status;

@@ -19,6 +19,7 @@ struct ric_attempt_s {
     int64_t wait_us;     /* the wait before it */
     int64_t paid;        /* what it cost the budget (a retry), thousandths of a token */
     int peeked;          /* classify_body_max: 1 the body is in client.buf, -1 too large, 0 not read */
+    int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
 };
 
 /* The attempts phase's state, kept in the request across tries. */

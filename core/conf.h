@@ -142,6 +142,10 @@ typedef struct {
     ric_budget_conf_t *retry_budget; /* its upstream's, unless the upstream block sets one */
     struct ric_script_s *script;     /* the route script (script.h); NULL: none */
     struct ric_idem_store_conf_s *idempotency_store; /* idem_store.h; kind OFF: off */
+    char *idempotency_scope;    /* the record key's client part: a field name, "$remote_addr",
+                                 * or "" (off) */
+    struct ric_retry_on_s *idempotency_release; /* statuses that release the key
+                                                 * (idempotency_store_status and the built-in ones) */
     char *proxy_ssl_trusted_certificate; /* CA file for https upstreams; NULL: the system's */
     char *proxy_ssl_name;                /* the name sent and verified; NULL: the upstream's host */
     ric_conf_file_t *ssl_certificate;     /* PEM chain, leaf first, for listen ... ssl */

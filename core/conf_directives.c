@@ -1401,6 +1401,59 @@ set_retry_on(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return NULL;
 }
 
+/* idempotency_store_status CODE|4xx|5xx ...: answers with these statuses
+ * are not kept for their key (it is released, as after a 5xx). The
+ * statuses a client must be able to send again with the same key, every
+ * 5xx, 408, 409, 425 and 429, always are. */
+static const char *
+set_idempotency_store_status(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    static char *always[] = { "5xx", "408", "409", "425", "429" };
+    ric_retry_on_t *on, base;
+    const char *bad;
+    size_t i;
+
+    (void) conf;
+    if (ref_duplicate(cf, cmd) != NULL) {
+        return cf->reason;
+    }
+    on = ric_pcalloc(cf->pool, sizeof(*on));
+    bad = ric_retry_on_parse(on, cf->args + 1, cf->nargs - 1);
+    if (bad != NULL || on->classes != 0) {
+        return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected 4xx, 5xx or a "
+                               "status from 100 to 599", bad ? bad : cf->args[1], cmd->name);
+    }
+    ric_retry_on_parse(&base, always, (int) ric_nelems(always));
+    for (i = 0; i < ric_nelems(on->statuses); i++) {
+        on->statuses[i] |= base.statuses[i];
+    }
+    *(ric_retry_on_t **) ref_at(cf, cmd) = on;
+    return NULL;
+}
+
+static const char *set_header_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf);
+
+/* idempotency_scope off | $remote_addr | FIELD: what of the client goes
+ * into the record key beside its idempotency key. */
+static const char *
+set_idempotency_scope(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *a = cf->args[1];
+
+    if (strcmp(a, "off") == 0 || strcmp(a, "$remote_addr") == 0) {
+        if (ref_duplicate(cf, cmd) != NULL) {
+            return cf->reason;
+        }
+        *ref_at(cf, cmd) = ric_pstrdup(cf->pool, a[0] == 'o' ? "" : a);
+        return NULL;
+    }
+    if (a[0] == '$') {
+        return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected off, $remote_addr "
+                               "or a header name such as Authorization or X-Api-Key", a, cmd->name);
+    }
+    return set_header_name(cf, cmd, conf);
+}
+
 /* A header name directive; "off" (where allowed) is stored as "". */
 static const char *
 set_header_name(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
@@ -1588,6 +1641,12 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "idempotency_required", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag,
       SETTINGS(idempotency_required), "off",
       "on: 400 for a request of an unsafe method without an idempotency key" },
+    { "idempotency_scope", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_idempotency_scope,
+      REFS(idempotency_scope), "Authorization",
+      "off | $remote_addr | FIELD: the client part of a key, so clients never share answers" },
+    { "idempotency_store_status", SETTINGS_CTX, RIC_CONF_1MORE | RIC_CONF_REF,
+      set_idempotency_store_status, REFS(idempotency_release), "5xx 408 409 425 429",
+      "statuses whose answers are not kept: the key is released (these five always are)" },
     { "idempotency_store_failure", SETTINGS_CTX, RIC_CONF_TAKE1, set_store_failure,
       SETTINGS(idempotency_store_failure), "closed",
       "closed | open: when the store is unreachable, answer 503, or pass on without dedupe" },

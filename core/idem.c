@@ -83,12 +83,14 @@ replay(ric_request_t *r, const ric_idem_record_t *rec)
 
 /* --- the key and the fingerprint ------------------------------------------- */
 
-/* The request's key: its script's, else the client's field. 1: in *key;
- * 0: none; -1: unusable (two fields, or too long: *why says). */
+/* The request's key: its script's, else the client's field: one field,
+ * its value 1 to 255 bytes, bare or in the draft's quoted form ("abc" is
+ * abc). 1: in *key; 0: none; -1: unusable (*why says). */
 static int
 request_key(ric_request_t *r, ric_str_t *key, const char **why)
 {
     const char *field = r->location->refs.idempotency_key_header;
+    int n;
 
     if (r->script_key != NULL) {
         key->data = (const u_char *) r->script_key;
@@ -96,18 +98,28 @@ request_key(ric_request_t *r, ric_str_t *key, const char **why)
     } else if (r->script_key_removed) {
         return 0;
     } else {
-        *key = ric_headers_find(r->c->in, r->msg, field);
-        if (key->data == NULL || key->len == 0) {
+        n = ric_headers_count(r->c->in, r->msg, field);
+        if (n == 0) {
             return 0;
         }
-        if (ric_headers_count(r->c->in, r->msg, field) > 1) {
-            *why = "The request has more than one idempotency key field.";
+        if (n > 1) {
+            /* which one counts would be a guess; every client must see one rule */
+            *why = "The request has more than one idempotency key field: send exactly one.";
             return -1;
         }
-        if (key->len >= 2 && key->data[0] == '"' && key->data[key->len - 1] == '"') {
-            /* the draft's form, a structured-field string: "abc" is abc */
+        *key = ric_headers_find(r->c->in, r->msg, field);
+        if (key->len > 0 && key->data[0] == '"') {
+            if (key->len < 2 || key->data[key->len - 1] != '"') {
+                *why = "The idempotency key opens a quoted string it does not close.";
+                return -1;
+            }
             key->data++;
             key->len -= 2;
+        }
+        if (key->len == 0) {
+            /* an empty key would be one key shared by every client */
+            *why = "The idempotency key is empty: send a unique key of 1 to 255 bytes.";
+            return -1;
         }
     }
     if (key->len > KEY_MAX_LEN) {
@@ -145,8 +157,40 @@ new_token(u_char *token)
     ric_idem_put64(token + sizeof(prefix), ++count);
 }
 
-/* The record's key: the route (the server's first name and the location)
- * and the client's key, so that routes never share records. The
+/* The client's part of the record key (idempotency_scope): every value
+ * of the field (Authorization by default), or the client's address. A
+ * request without one has none, as before scopes: its key is the route's. */
+static void
+digest_scope(ric_request_t *r, EVP_MD_CTX *ctx)
+{
+    const char *scope = r->location->refs.idempotency_scope;
+    const ric_http_msg_t *m = r->msg;
+    ric_str_t want, name, value;
+    unsigned i;
+
+    if (scope == NULL || scope[0] == '\0') {
+        return;
+    }
+    if (strcmp(scope, "$remote_addr") == 0) {
+        EVP_DigestUpdate(ctx, "\0addr", 6);
+        EVP_DigestUpdate(ctx, r->c->peer_ip, strlen(r->c->peer_ip));
+        return;
+    }
+    want.data = (const u_char *) scope;
+    want.len = strlen(scope);
+    for (i = 0; i < m->nfields; i++) {
+        name = ric_field_name(r->c->in, m, i);
+        if (ric_str_eq_nocase(name, want)) {
+            value = ric_field_value(r->c->in, m, i);
+            EVP_DigestUpdate(ctx, "\0field", 7);
+            EVP_DigestUpdate(ctx, value.data, value.len);
+        }
+    }
+}
+
+/* The record's key: the route (the server's first name and the location),
+ * the client's scope and its key, so that routes never share records, nor
+ * clients answers. The
  * fingerprint: method, target and body, as the draft asks. */
 static int
 digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
@@ -173,6 +217,7 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
     EVP_DigestUpdate(ctx, r->location->path, strlen(r->location->path) + 1);
     EVP_DigestUpdate(ctx, r->location->exact ? "=" : "~", 1);
     EVP_DigestUpdate(ctx, key.data, key.len);
+    digest_scope(r, ctx);
     if (EVP_DigestFinal_ex(ctx, d->key, NULL) != 1
         || EVP_DigestInit_ex(ctx, sha256, NULL) != 1) {
         goto done;
@@ -317,9 +362,10 @@ store_answer(ric_request_t *r, ric_idem_t *d, int bare)
     ric_idem_count(d->sc, RIC_IDEM_N_STORED);
 }
 
-/* A final answer from the upstream is kept; a retryable failure (a 5xx,
- * a 429, a failure the retries could not mend, no answer at all) lets the
- * key go, so the client may try again. A request cut off by a stopping
+/* A final answer from the upstream is kept; a retryable one (a 5xx, 408,
+ * 409, 425, 429, a status of idempotency_store_status, one the route
+ * script called "retry") or no answer at all lets the key go, so the
+ * client may try again. A request cut off by a stopping
  * worker keeps its lock until idempotency_lock_ttl: nobody knows whether
  * the upstream did it. */
 static void
@@ -327,14 +373,16 @@ settle_cleanup(void *data)
 {
     ric_request_t *r = data;
     ric_idem_t *d = r->idem;
-    int retryable;
 
     if (d->refreshing) {
         event_del(&d->refresh);
     }
     if (d->held && d->captured) {
-        retryable = d->status >= 500 || d->status == 429 || r->not_retried != RIC_RETRY_YES;
-        if (retryable) {
+        /* the same rule as the retry decision's, with the store's set:
+         * the kill switch, the attempts cap or an unsafe method are no
+         * reasons to run a final answer's request again */
+        if (!ric_retry_final(r->location->refs.idempotency_release, RIC_CLASS_STATUS, d->status,
+                             r->answer_classified)) {
             ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
             r->log.idempotency = "released";
             ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);

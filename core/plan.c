@@ -28,7 +28,9 @@ print_idempotency(const ric_location_conf_t *l, FILE *out)
 {
     const ric_http_settings_t *st = &l->settings;
     const ric_idem_store_conf_t *sc = l->refs.idempotency_store;
+    const char *scope;
     char a[32], b[32];
+    int i;
 
     if (sc == NULL || sc->kind == RIC_IDEM_STORE_OFF) {
         if (st->idempotency_required) {
@@ -46,6 +48,22 @@ print_idempotency(const ric_location_conf_t *l, FILE *out)
             st->idempotency_required ? "; a request without a key gets 400" : "",
             st->idempotency_key == RIC_IDEMPOTENCY_OFF ? "; sent POSTs are not retried (idempotency_key off)"
                                                 : "");
+    scope = l->refs.idempotency_scope;
+    if (scope == NULL || scope[0] == '\0') {
+        fprintf(out, "  idempotency scope: off (every client of the route shares one key space)\n");
+    } else if (strcmp(scope, "$remote_addr") == 0) {
+        fprintf(out, "  idempotency scope: $remote_addr (a key is the client address's own)\n");
+    } else {
+        fprintf(out, "  idempotency scope: the %s field, hashed, when sent (clients with another "
+                "%s never see each other's answers)\n", scope, scope);
+    }
+    fprintf(out, "  idempotency: answers not stored (the key is released):");
+    for (i = 100; i < 500 && l->refs.idempotency_release != NULL; i++) {
+        if (ric_retry_on_match(l->refs.idempotency_release, RIC_CLASS_STATUS, i)) {
+            fprintf(out, " %d", i);
+        }
+    }
+    fprintf(out, " 5xx, and no answer\n");
 }
 
 static void

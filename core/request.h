@@ -85,6 +85,7 @@ struct ric_request_s {
 
     ric_attempts_t attempts;  /* attempt.c's state across tries */
     ric_attempt_t *answer;    /* the attempt whose response the client gets */
+    int answer_classified;    /* the route script's word on it (RIC_CLASSIFY_*) */
 
     /* the answer */
     int responding;    /* its head is built: bytes go (or went) out */

@@ -46,6 +46,15 @@ ric_retry_on_match(const ric_retry_on_t *on, unsigned class, int status)
     return (on->statuses[status / 64] >> (status % 64)) & 1;
 }
 
+int
+ric_retry_final(const ric_retry_on_t *transient, unsigned class, int status, int classified)
+{
+    if (classified != RIC_CLASSIFY_DEFAULT) {
+        return classified == RIC_CLASSIFY_FINAL; /* the route script's word wins */
+    }
+    return !ric_retry_on_match(transient, class, status);
+}
+
 static void
 set_status(ric_retry_on_t *on, int s)
 {
@@ -163,17 +172,17 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
 {
     ric_retry_decision_t d = { 1, 0, RIC_RETRY_YES };
 
+    /* what the outcome is comes first: a final answer is final whatever
+     * the policy (the idempotency store keeps it, retries on or off) */
+    if (ric_retry_final(policy->retry_on, in->class, in->status, in->classified)) {
+        return no(in->class == RIC_CLASS_STATUS ? RIC_RETRY_FINAL_STATUS : RIC_RETRY_CLASS_NOT_LISTED);
+    }
     if (!policy->enabled || ric_retry_killed) {
         return no(RIC_RETRY_OFF);
     }
     /* DESIGN §1.3: once a byte went to the client the request is final */
     if (in->response_started) {
         return no(RIC_RETRY_RESPONSE_STARTED);
-    }
-    if (in->classified == RIC_CLASSIFY_FINAL
-        || (in->classified == RIC_CLASSIFY_DEFAULT
-            && !ric_retry_on_match(policy->retry_on, in->class, in->status))) {
-        return no(in->class == RIC_CLASS_STATUS ? RIC_RETRY_FINAL_STATUS : RIC_RETRY_CLASS_NOT_LISTED);
     }
     /* DESIGN §1.1: an unsafe request is repeated only when it provably
      * never reached the upstream */

@@ -81,8 +81,8 @@ const char *ric_retry_reason_name(ric_retry_reason_t reason);
 extern int ric_retry_killed;
 
 /* Decides whether the attempt described by in is retried, in this order:
- * retries enabled; not after a byte of the answer went to the client; a
- * transient class/status (retry_on, or the script's word); replay-safe
+ * a transient class/status (retry_on, or the script's word: ric_retry_final);
+ * retries enabled; not after a byte of the answer went to the client; replay-safe
  * unless the attempt never reached the upstream (connect_error); a
  * replayable body; attempts left; the wait (the script's delay, else a
  * valid Retry-After up to retry_after_max, else jittered backoff) ending
@@ -97,6 +97,14 @@ ric_retry_decision_t ric_retry_decide(const ric_retry_policy_t *policy,
 /* What a retry after an attempt of this class costs the budget
  * (thousandths of a token): a timeout costs double. */
 int64_t ric_retry_cost(unsigned class);
+
+/* The one rule for "final": whether an outcome (class, and status with
+ * RIC_CLASS_STATUS) is final rather than worth another try by someone.
+ * The route script's word (classified) wins; else an outcome is
+ * transient when transient lists it. The retry decision asks it with
+ * retry_on; the idempotency store with its release set (every 5xx, 408,
+ * 409, 425, 429 and idempotency_store_status), whatever the retry policy. */
+int ric_retry_final(const ric_retry_on_t *transient, unsigned class, int status, int classified);
 
 /* Whether status or class is in retry_on. */
 int ric_retry_on_match(const ric_retry_on_t *on, unsigned class, int status);

@@ -158,6 +158,21 @@ main(void)
     UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "retries_off");
     ric_retry_killed = 0;
 
+    UNIT_CASE("a final answer is final whatever the kill switch says (what the store keeps)");
+    in = input();
+    in.status = 200;
+    p.enabled = 0;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "final_status");
+    ric_retry_killed = 1;
+    p.enabled = 1;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "final_status");
+    ric_retry_killed = 0;
+    UNIT_CHECK(ric_retry_final(&default_on, RIC_CLASS_STATUS, 200, RIC_CLASSIFY_DEFAULT));
+    UNIT_CHECK(!ric_retry_final(&default_on, RIC_CLASS_STATUS, 503, RIC_CLASSIFY_DEFAULT));
+    UNIT_CHECK(!ric_retry_final(&default_on, RIC_CLASS_STATUS, 200, RIC_CLASSIFY_RETRY));
+    UNIT_CHECK(ric_retry_final(&default_on, RIC_CLASS_STATUS, 503, RIC_CLASSIFY_FINAL));
+    UNIT_CHECK(!ric_retry_final(&default_on, RIC_CLASS_RESET, 0, RIC_CLASSIFY_DEFAULT));
+
     UNIT_CASE("Retry-After up to retry_after_max is the wait; longer falls back to backoff");
     in = input();
     in.has_retry_after = 1;
