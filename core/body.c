@@ -3,6 +3,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <openssl/evp.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -112,4 +113,51 @@ ric_body_reset(ric_body_t *b)
         close(b->fd);
     }
     ric_body_init(b, b->mem_max, b->temp_dir);
+}
+
+/* --- the digest of a streamed body ---------------------------------------- */
+
+struct ric_body_digest_s {
+    EVP_MD_CTX *ctx;
+};
+
+static void
+digest_piece(void *ctx, const u_char *p, size_t n)
+{
+    EVP_DigestUpdate(ctx, p, n);
+}
+
+ric_body_digest_t *
+ric_body_digest_new(const ric_body_t *held)
+{
+    ric_body_digest_t *d = ric_xcalloc(1, sizeof(*d));
+
+    d->ctx = EVP_MD_CTX_new();
+    if (d->ctx == NULL || EVP_DigestInit_ex(d->ctx, EVP_sha256(), NULL) != 1
+        || (held != NULL && ric_body_each(held, digest_piece, d->ctx) != RIC_OK)) {
+        ric_body_digest_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void
+ric_body_digest_add(ric_body_digest_t *d, const u_char *p, size_t n)
+{
+    EVP_DigestUpdate(d->ctx, p, n);
+}
+
+int
+ric_body_digest_final(ric_body_digest_t *d, u_char *out)
+{
+    return EVP_DigestFinal_ex(d->ctx, out, NULL) == 1 ? RIC_OK : RIC_ERROR;
+}
+
+void
+ric_body_digest_free(ric_body_digest_t *d)
+{
+    if (d != NULL) {
+        EVP_MD_CTX_free(d->ctx);
+        free(d);
+    }
 }

@@ -33,6 +33,22 @@ ric_body_size(const ric_body_t *b)
 int ric_body_each(const ric_body_t *b, void (*fn)(void *ctx, const u_char *p, size_t n),
                   void *ctx);
 
+/* A running SHA-256 of a body that streams through, for a fingerprint of
+ * bytes that are never held whole. */
+typedef struct ric_body_digest_s ric_body_digest_t;
+
+/* A digest that has taken in the held part of a body (NULL: none); NULL
+ * when OpenSSL cannot make one, or the held part cannot be read. */
+ric_body_digest_t *ric_body_digest_new(const ric_body_t *held);
+
+/* Takes in n more bytes. */
+void ric_body_digest_add(ric_body_digest_t *d, const u_char *p, size_t n);
+
+/* The digest of every byte taken in (32 bytes into out). RIC_OK or RIC_ERROR. */
+int ric_body_digest_final(ric_body_digest_t *d, u_char *out);
+
+void ric_body_digest_free(ric_body_digest_t *d);
+
 /* Releases memory and closes the temp file; the body is empty again. */
 void ric_body_reset(ric_body_t *b);
 

@@ -19,7 +19,9 @@ typedef struct ric_idem_s {
     ric_idem_op_t op;
     int held;          /* the key is ours until settled */
     u_char key[RIC_IDEM_KEY_LEN]; /* the record's: route and client key */
+    ric_str_t client_key; /* as the request gave it (alive while it is) */
     u_char fp[32];     /* the request's fingerprint */
+    int fp_pending;    /* a streamed body: fp is known once all of it passed (zeros till then) */
     u_char token[RIC_IDEM_TOKEN_LEN];
     u_char lock[RIC_IDEM_REC_HEAD];
     struct event refresh; /* writes the lock again halfway through its TTL */
@@ -202,8 +204,7 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
     ric_str_t method = ric_request_span(r, m->method_off, m->method_len);
     ric_str_t target = ric_request_span(r, m->target_off, m->target_len);
     const char *name = s->nnames > 0 ? s->names[0] : "";
-    char streamed[64];
-    int rc = RIC_ERROR, n;
+    int rc = RIC_ERROR;
 
     if (ctx == NULL) {
         /* fetched once: an implicit fetch per digest costs more than it */
@@ -227,10 +228,17 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
     EVP_DigestUpdate(ctx, target.data, target.len);
     EVP_DigestUpdate(ctx, "", 1);
     if (r->body_mode == RIC_REQ_BODY_STREAM) {
-        /* too large to hold (retry_body_max): known by its length only */
-        n = snprintf(streamed, sizeof(streamed), "streamed %llu",
-                     (unsigned long long) m->content_length);
-        EVP_DigestUpdate(ctx, streamed, (size_t) n);
+        /* too large to hold (retry_body_max): its bytes' digest, taken as
+         * they stream through, once the last of them passed */
+        if (!r->body_digested) {
+            memset(d->fp, 0, sizeof(d->fp));
+            d->fp_pending = 1;
+            rc = RIC_OK;
+            goto done;
+        }
+        d->fp_pending = 0;
+        EVP_DigestUpdate(ctx, "streamed sha256 ", 16);
+        EVP_DigestUpdate(ctx, r->body_sha, sizeof(r->body_sha));
     } else if (ric_body_each(&r->body, digest_piece, ctx) != RIC_OK) {
         goto done;
     }
@@ -377,7 +385,14 @@ settle_cleanup(void *data)
     if (d->refreshing) {
         event_del(&d->refresh);
     }
-    if (d->held && d->captured) {
+    if (d->held && d->captured && d->fp_pending
+        && (digest(r, d, d->client_key) != RIC_OK || d->fp_pending)) {
+        /* the upstream answered before the whole body passed: what it
+         * answered was not this body, so nothing is kept for it */
+        ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
+        r->log.idempotency = "released";
+        ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
+    } else if (d->held && d->captured) {
         /* the same rule as the retry decision's, with the store's set:
          * the kill switch, the attempts cap or an unsafe method are no
          * reasons to run a final answer's request again */
@@ -417,6 +432,15 @@ on_claimed(ric_idem_op_t *op)
 
     ric_request_async_end(r, &op->async);
     ric_request_resume(r);
+}
+
+/* A lock taken for a streamed body carries no fingerprint yet. */
+static int
+fp_unknown(const u_char *fp)
+{
+    static const u_char zeros[32];
+
+    return memcmp(fp, zeros, sizeof(zeros)) == 0;
 }
 
 /* The store's answer to the claim. */
@@ -463,6 +487,27 @@ decide(ric_request_t *r, ric_idem_t *d)
     if (ric_idem_record_parse(d->op.found.data, d->op.found.len, &rec) != RIC_OK) {
         goto unreadable;
     }
+    if (rec.state == RIC_IDEM_LOCKED && (d->fp_pending || fp_unknown(rec.fp))) {
+        goto in_flight; /* a streamed body's fingerprint is known only at its end */
+    }
+    if (d->fp_pending) {
+        /* a completed record: the streamed body is read to its end (and
+         * dropped) for its fingerprint before anything is answered */
+        if (!r->body_complete) {
+            r->body_drop = 1;
+            r->body_awaited = 1;
+            ric_request_upload_room(r);
+            if (r->own_answer) {
+                return RIC_DONE; /* it broke on the way */
+            }
+            if (!r->body_complete) {
+                return RIC_AGAIN; /* ric_request_body_done resumes the phase */
+            }
+        }
+        if (digest(r, d, d->client_key) != RIC_OK || d->fp_pending) {
+            return ric_request_answer(r, 500, 0);
+        }
+    }
     if (memcmp(rec.fp, d->fp, sizeof(d->fp)) != 0) {
         r->log.idempotency = "mismatch";
         ric_idem_count(d->sc, RIC_IDEM_N_MISMATCH);
@@ -472,6 +517,7 @@ decide(ric_request_t *r, ric_idem_t *d)
     }
     switch (rec.state) {
     case RIC_IDEM_LOCKED:
+    in_flight:
         r->log.idempotency = "in_flight";
         ric_idem_count(d->sc, RIC_IDEM_N_IN_FLIGHT);
         return problem(r, 409, "idempotency-key-in-use", "Request in progress",
@@ -498,6 +544,15 @@ unreadable:
 }
 
 int
+ric_idem_digests(const ric_request_t *r)
+{
+    const ric_idem_store_conf_t *sc = r->location ? r->location->refs.idempotency_store : NULL;
+
+    return sc != NULL && sc->kind != RIC_IDEM_STORE_OFF
+           && !ric_retry_method_idempotent((int) r->msg->method);
+}
+
+int
 ric_idem_phase(ric_request_t *r)
 {
     const ric_http_settings_t *s = r->settings;
@@ -508,7 +563,10 @@ ric_idem_phase(ric_request_t *r)
     int rc;
 
     if (d != NULL) {
-        return d->op.async.pending ? RIC_AGAIN : decide(r, d);
+        if (r->own_answer) {
+            return RIC_DONE; /* the body broke while the phase waited */
+        }
+        return d->op.async.pending || r->body_awaited ? RIC_AGAIN : decide(r, d);
     }
     if (r->up == NULL || ric_retry_method_idempotent((int) r->msg->method)
         || r->script_idempotent > 0) {
@@ -540,6 +598,7 @@ ric_idem_phase(ric_request_t *r)
     }
     d = ric_pcalloc(r->pool, sizeof(*d));
     d->sc = sc;
+    d->client_key = key;
     if (digest(r, d, key) != RIC_OK) {
         return ric_request_answer(r, 500, 0);
     }

@@ -15,6 +15,10 @@
  * failure. RIC_OK, RIC_AGAIN (the store answers later) or RIC_DONE. */
 int ric_idem_phase(ric_request_t *r);
 
+/* Whether a body that streams through (too large to hold) needs its
+ * digest taken as it passes: the route has a store, the method is unsafe. */
+int ric_idem_digests(const ric_request_t *r);
+
 /* The names of idempotency_store_failure's values. */
 #define RIC_IDEM_FAIL_CLOSED 0
 #define RIC_IDEM_FAIL_OPEN 1

@@ -277,6 +277,18 @@ body_cleanup(void *data)
 
     ric_body_reset(&r->body);
     ric_upload_free(&r->upload);
+    ric_body_digest_free(r->body_digest);
+}
+
+/* The body streams from here on (what was held goes first). */
+static void
+stream_begin(ric_request_t *r, int chunked)
+{
+    r->body_mode = RIC_REQ_BODY_STREAM;
+    ric_upload_init(&r->upload, chunked, ric_body_size(&r->body));
+    if (ric_idem_digests(r)) {
+        r->body_digest = ric_body_digest_new(&r->body);
+    }
 }
 
 static int
@@ -303,8 +315,7 @@ phase_body(ric_request_t *r)
             if (m->body == RIC_BODY_LENGTH
                 && m->content_length > (uint64_t) s->retry_body_max) {
                 /* too large to hold for replay: it streams through, sent once */
-                r->body_mode = RIC_REQ_BODY_STREAM;
-                ric_upload_init(&r->upload, 0, 0);
+                stream_begin(r, 0);
             }
         }
         ric_conn_body_read(r->c);
@@ -328,13 +339,15 @@ ric_request_body_data(ric_request_t *r, const u_char *data, size_t n)
         if (ric_body_size(&r->body) > (uint64_t) r->settings->retry_body_max) {
             /* a chunked body grew past what is held for replay: what came
              * so far goes first, the rest streams through */
-            r->body_mode = RIC_REQ_BODY_STREAM;
-            ric_upload_init(&r->upload, r->msg->body == RIC_BODY_CHUNKED, ric_body_size(&r->body));
+            stream_begin(r, r->msg->body == RIC_BODY_CHUNKED);
             ric_request_resume(r);
         }
         return RIC_OK;
     case RIC_REQ_BODY_STREAM:
-        if (r->upload_unwanted) {
+        if (r->body_digest != NULL) {
+            ric_body_digest_add(r->body_digest, data, n);
+        }
+        if (r->upload_unwanted || r->body_drop) {
             return RIC_OK;
         }
         if (ric_upload_put(&r->upload, data, n)) {
@@ -351,11 +364,16 @@ void
 ric_request_body_done(ric_request_t *r)
 {
     r->body_complete = 1;
-    if (r->body_mode == RIC_REQ_BODY_STREAM && !r->upload_unwanted) {
+    if (r->body_digest != NULL && !r->upload_unwanted) {
+        /* every byte passed through the digest (none was dropped unread) */
+        r->body_digested = ric_body_digest_final(r->body_digest, r->body_sha) == RIC_OK;
+    }
+    if (r->body_mode == RIC_REQ_BODY_STREAM && !r->upload_unwanted && !r->body_drop) {
         ric_upload_end(&r->upload);
         ric_attempts_upload_kick(r);
     }
-    if (r->phase == RIC_PHASE_BODY) {
+    if (r->phase == RIC_PHASE_BODY || r->body_awaited) {
+        r->body_awaited = 0;
         ric_request_resume(r);
     }
 }

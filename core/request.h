@@ -73,6 +73,13 @@ struct ric_request_s {
     ric_upload_t upload; /* RIC_REQ_BODY_STREAM */
     int upload_paused;   /* the client waits for the stage to drain */
     int upload_unwanted; /* the upstream answered: the rest is dropped */
+    ric_body_digest_t *body_digest; /* a streamed body's running SHA-256, when the
+                                     * idempotency phase needs its fingerprint */
+    int body_digested;   /* ...it took in every byte: body_sha holds it */
+    u_char body_sha[32];
+    int body_drop;       /* a streamed body is only digested (the request is
+                          * answered without an attempt) */
+    int body_awaited;    /* a phase after BODY waits for the body's end */
 
     /* replay safety and the deadline (DESIGN §1.1, §1.2) */
     ric_retry_policy_t policy;
