@@ -290,11 +290,15 @@ on_refresh(evutil_socket_t fd, short what, void *arg)
     ric_request_t *r = arg;
     ric_idem_t *d = r->idem;
     struct timeval tv = ric_ms_to_tv(lock_ttl(r) / 2);
+    uint64_t expires;
 
     (void) fd;
     (void) what;
+    /* settled against the lock as it stands, then the new one counts */
+    expires = ric_idem_get64(d->lock + RIC_IDEM_REC_EXPIRES);
     record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
-    ric_idem_store_settle(d->sc->store, d->key, d->token, d->lock, sizeof(d->lock), lock_ttl(r));
+    ric_idem_store_settle(d->sc->store, d->key, d->token, d->lock, sizeof(d->lock), lock_ttl(r),
+                          (int64_t) expires);
     event_add(&d->refresh, &tv);
 }
 
@@ -342,6 +346,22 @@ tap(ric_request_t *r, const u_char *p, size_t n)
 
 /* --- settling at finalize ---------------------------------------------------- */
 
+/* When the lock in the store lapses (wall ms). */
+static int64_t
+lock_expires(const ric_idem_t *d)
+{
+    return (int64_t) ric_idem_get64(d->lock + RIC_IDEM_REC_EXPIRES);
+}
+
+/* The key goes: the client may run its request again. */
+static void
+release(ric_request_t *r, ric_idem_t *d)
+{
+    ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0, lock_expires(d));
+    r->log.idempotency = "released";
+    ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
+}
+
 static void
 store_answer(ric_request_t *r, ric_idem_t *d, int bare)
 {
@@ -364,7 +384,7 @@ store_answer(ric_request_t *r, ric_idem_t *d, int bare)
         ric_buf_put(&rec, d->body.data, d->body.len);
     }
     ric_idem_store_settle(d->sc->store, d->key, d->token, rec.data, rec.len,
-                          r->settings->idempotency_ttl);
+                          r->settings->idempotency_ttl, lock_expires(d));
     ric_buf_free(&rec);
     r->log.idempotency = bare ? "stored_bare" : "stored";
     ric_idem_count(d->sc, RIC_IDEM_N_STORED);
@@ -389,27 +409,21 @@ settle_cleanup(void *data)
         && (digest(r, d, d->client_key) != RIC_OK || d->fp_pending)) {
         /* the upstream answered before the whole body passed: what it
          * answered was not this body, so nothing is kept for it */
-        ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
-        r->log.idempotency = "released";
-        ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
+        release(r, d);
     } else if (d->held && d->captured) {
         /* the same rule as the retry decision's, with the store's set:
          * the kill switch, the attempts cap or an unsafe method are no
          * reasons to run a final answer's request again */
         if (!ric_retry_final(r->location->refs.idempotency_release, RIC_CLASS_STATUS, d->status,
                              r->answer_classified)) {
-            ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
-            r->log.idempotency = "released";
-            ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
+            release(r, d);
         } else {
             /* an answer broken off on its way still happened upstream */
             store_answer(r, d, d->too_large || r->end != RIC_END_ANSWERED);
         }
     } else if (d->held && r->end == RIC_END_ANSWERED) {
         /* the gateway's own answer (502, 504...): the upstream gave none */
-        ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0);
-        r->log.idempotency = "released";
-        ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
+        release(r, d);
     } else if (d->held) {
         ric_log_error(RIC_LOG_WARN, 0, "a keyed request to location \"%s\" ended before its "
                       "answer (%s): its key stays locked for idempotency_lock_ttl, client: %s",

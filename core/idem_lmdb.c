@@ -44,6 +44,7 @@ typedef struct {
     /* claims and settles of one turn of the loop, done in one transaction */
     struct event *batch;
     struct batch_item_s *queue, **queue_tail;
+    ric_idem_backlog_t backlog; /* settles whose write failed: tried again each tick */
 } lmdb_store_t;
 
 /* A claim or a settle waiting for the turn's transaction. */
@@ -55,11 +56,14 @@ typedef struct batch_item_s {
     u_char token[RIC_IDEM_TOKEN_LEN];
     u_char *rec;       /* owned; a settle's NULL: release */
     size_t len;
+    int64_t lock_expires; /* a settle's: when the lock it settles lapses */
+    int kept;          /* a settle moved to the backlog, behind older ones */
     int rc;            /* the claim's outcome in the transaction */
     struct batch_item_s *next;
 } batch_item_t;
 
 static void on_batch(evutil_socket_t fd, short what, void *arg);
+static void backlog_retry(lmdb_store_t *s);
 
 static void *
 flusher(void *arg)
@@ -157,7 +161,7 @@ cancel_wait(ric_async_t *a)
         if (*pp == op) {
             *pp = op->next;
             /* the lock was written, for a request that is gone now */
-            ric_idem_lmdb_settle(&s->base, op->key, op->token, NULL, 0);
+            ric_idem_lmdb_settle(&s->base, op->key, op->token, NULL, 0, 0);
             break;
         }
     }
@@ -262,10 +266,13 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 {
     lmdb_store_t *s = arg;
 
+    struct timeval tv;
+    int gone;
+
     (void) fd;
     (void) what;
-    struct timeval tv;
-    int gone = sweep(s, SWEEP_AT_ONCE);
+    backlog_retry(s);
+    gone = sweep(s, SWEEP_AT_ONCE);
 
     /* while it keeps finding expired records, it comes back soon */
     tv = ric_ms_to_tv(gone > 0 && !s->swept_all ? SWEEP_BUSY_MS : SWEEP_EVERY_MS);
@@ -391,6 +398,10 @@ ric_idem_lmdb_close(ric_idem_store_t *base)
         }
         event_free(s->batch);
     }
+    if (s->backlog.n > 0) {
+        backlog_retry(s); /* a last try, then what is left is logged */
+        ric_idem_backlog_drop(&s->backlog, s->base.conf);
+    }
     if (s->thread_started) {
         pthread_mutex_lock(&s->mu);
         s->want_gen++; /* a last flush on the way out */
@@ -498,7 +509,10 @@ settle_in(lmdb_store_t *s, MDB_txn *txn, const u_char *key, const u_char *token,
     k.mv_data = (void *) key;
     k.mv_size = RIC_IDEM_KEY_LEN;
     rc = mdb_get(txn, s->dbi, &k, &v);
-    if (rc != 0 || v.mv_size < RIC_IDEM_REC_HEAD
+    if (rc == MDB_NOTFOUND && rec != NULL) {
+        /* our lock lapsed (and was swept) and nobody claimed the key
+         * since: the request did run, so its outcome is still kept */
+    } else if (rc != 0 || v.mv_size < RIC_IDEM_REC_HEAD
         || memcmp((const u_char *) v.mv_data + RIC_IDEM_REC_TOKEN, token, RIC_IDEM_TOKEN_LEN)
                != 0) {
         return rc == MDB_NOTFOUND || rc == 0 ? 0 : rc; /* gone, or claimed again: not ours */
@@ -519,8 +533,8 @@ settle_in(lmdb_store_t *s, MDB_txn *txn, const u_char *key, const u_char *token,
 }
 
 /* A settle on its own: a full map is swept, and an answer that still does
- * not fit is kept as done without it. */
-static void
+ * not fit is kept as done without it. 0, or the LMDB error (logged). */
+static int
 settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char *rec,
            size_t len)
 {
@@ -537,7 +551,7 @@ settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char
             mdb_txn_abort(txn);
         } else if ((rc = mdb_txn_commit(txn)) == 0) {
             s->dirty = 1;
-            return;
+            return 0;
         }
         if (rc != MDB_MAP_FULL) {
             break;
@@ -550,8 +564,34 @@ settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char
             len = sizeof(bare);
         }
     }
-    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s", s->base.conf->spec,
-                  write_failure(s, rc, why, sizeof(why)));
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s (the settle is tried again "
+                  "every second)", s->base.conf->spec, write_failure(s, rc, why, sizeof(why)));
+    return rc;
+}
+
+/* A settle that failed waits in the backlog, behind any older one. */
+static void
+settle_or_keep(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char *rec,
+               size_t len, int64_t lock_expires)
+{
+    if (s->backlog.n > 0 || settle_one(s, key, token, rec, len) != 0) {
+        ric_idem_backlog_push(&s->backlog, s->base.conf, key, token, rec, len, 0, lock_expires);
+    }
+}
+
+/* The settles that failed go again, oldest first, until one fails again. */
+static void
+backlog_retry(lmdb_store_t *s)
+{
+    ric_idem_pending_t *p;
+
+    while ((p = ric_idem_backlog_take(&s->backlog, s->base.conf)) != NULL) {
+        if (settle_one(s, p->key, p->token, p->rec, p->len) != 0) {
+            ric_idem_backlog_unshift(&s->backlog, p);
+            return;
+        }
+        ric_idem_pending_free(p);
+    }
 }
 
 /* A claim is over: its request hears, or waits for the flush first. */
@@ -589,6 +629,17 @@ on_batch(evutil_socket_t fd, short what, void *arg)
     (void) what;
     s->queue = NULL;
     s->queue_tail = &s->queue;
+    if (s->backlog.n > 0) {
+        backlog_retry(s);
+    }
+    for (it = list; it && s->backlog.n > 0; it = it->next) {
+        if (!it->claim) {
+            /* settles keep their order: these go after the ones that wait */
+            ric_idem_backlog_push(&s->backlog, s->base.conf, it->key, it->token, it->rec, it->len,
+                                  0, it->lock_expires);
+            it->kept = 1;
+        }
+    }
     if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
         txn = NULL;
     } else if (nearly_full(s, txn)) {
@@ -596,7 +647,9 @@ on_batch(evutil_socket_t fd, short what, void *arg)
     }
     for (it = list; it && txn != NULL && rc == 0; it = it->next) {
         if (!it->claim) {
-            rc = settle_in(s, txn, it->key, it->token, it->rec, it->len);
+            if (!it->kept) {
+                rc = settle_in(s, txn, it->key, it->token, it->rec, it->len);
+            }
             continue;
         }
         if (it->op == NULL) {
@@ -631,8 +684,8 @@ on_batch(evutil_socket_t fd, short what, void *arg)
     for (it = list; it; it = next) {
         next = it->next;
         if (rc != 0) {
-            if (!it->claim) {
-                settle_one(s, it->key, it->token, it->rec, it->len);
+            if (!it->claim && !it->kept) {
+                settle_or_keep(s, it->key, it->token, it->rec, it->len, it->lock_expires);
             } else if (it->op != NULL) {
                 it->rc = claim_one(s, it->key, it->rec, it->len, it->op);
             }
@@ -688,7 +741,7 @@ ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size
 
 void
 ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
-                     const u_char *rec, size_t len)
+                     const u_char *rec, size_t len, int64_t lock_expires)
 {
     lmdb_store_t *s = (lmdb_store_t *) base;
     batch_item_t *it;
@@ -699,4 +752,5 @@ ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *to
     }
     it = enqueue(s, key, rec, len);
     memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
+    it->lock_expires = lock_expires;
 }

@@ -21,7 +21,9 @@
  * step: KEYS[i] is a record, ARGV[4i-3..4i] its op: "c", our lock, "",
  * its TTL (ms) claims the key when no record is there (the reply's [i] is
  * 0) or answers the live record; "s", our token, the record to keep (""
- * removes it), its TTL settles the key if it still holds our token. */
+ * removes it), its TTL settles the key if it still holds our token, or
+ * keeps the record when nothing is there (our lock lapsed, and nobody
+ * claimed the key since: the request did run). */
 static const char batch_lua[] =
     "local out = {}\n"
     "for i = 1, #KEYS do\n"
@@ -30,9 +32,12 @@ static const char batch_lua[] =
     "    local v = redis.call('GET', KEYS[i])\n"
     "    if v then out[i] = v else redis.call('SET', KEYS[i], a, 'PX', ttl); out[i] = 0 end\n"
     "  else\n"
-    "    if redis.call('GETRANGE', KEYS[i], 41, 56) == a then\n"
+    "    local cur = redis.call('GETRANGE', KEYS[i], 41, 56)\n"
+    "    if cur == a then\n"
     "      if b == '' then redis.call('DEL', KEYS[i])\n"
     "      else redis.call('SET', KEYS[i], b, 'PX', ttl) end\n"
+    "    elseif cur == '' and b ~= '' then\n"
+    "      redis.call('SET', KEYS[i], b, 'PX', ttl)\n"
     "    end\n"
     "    out[i] = 1\n"
     "  end\n"
@@ -59,8 +64,10 @@ typedef struct {
     char batch_sha[41];
     struct event *batch;         /* runs after the turn's events */
     struct item_s *queue, **queue_tail;
-    struct item_s *unsure;       /* ops a lost connection left unknown: sent again on connect */
+    struct item_s *unsure, **unsure_tail; /* ops a lost connection left unknown: sent again,
+                                           * in order, on connect */
     int nunsure;
+    ric_idem_backlog_t backlog;  /* settles made while not connected: sent after them */
 } redis_store_t;
 
 #define UNSURE_MAX 10000 /* ops kept for the next connection at most */
@@ -75,6 +82,7 @@ typedef struct item_s {
     size_t len;
     char token[RIC_IDEM_TOKEN_LEN];
     char ttl[24];
+    int64_t lock_expires; /* a settle's: when the lock it settles lapses */
     int kept;          /* moved to the unsure list: not freed with its batch */
     struct item_s *next;
 } item_t;
@@ -89,7 +97,16 @@ typedef struct {
 } batch_t;
 
 static void connect_now(redis_store_t *s);
+
+static int
+hexval(char c)
+{
+    return c >= 'a' ? c - 'a' + 10 : c - '0';
+}
 static void item_free(item_t *it);
+static item_t *item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len,
+                        int64_t ttl_ms);
+static void settle_lost(redis_store_t *s, const item_t *it, const char *what);
 static void on_batch(evutil_socket_t fd, short what, void *arg);
 
 static void
@@ -130,6 +147,7 @@ static void
 store_up(redis_store_t *s)
 {
     struct item_s *it;
+    ric_idem_pending_t *p;
 
     ric_log_error(s->failures > 0 ? RIC_LOG_NOTICE : RIC_LOG_INFO, 0,
                   "idempotency store \"%s\": connected%s", s->base.conf->spec,
@@ -143,7 +161,15 @@ store_up(redis_store_t *s)
         *s->queue_tail = it;
         s->queue_tail = &it->next;
     }
+    s->unsure_tail = &s->unsure;
     s->nunsure = 0;
+    /* then what was settled while it was away, in the order it was */
+    while ((p = ric_idem_backlog_take(&s->backlog, s->base.conf)) != NULL) {
+        it = item_new(s, p->key, p->rec, p->rec ? p->len : 0, p->ttl_ms);
+        memcpy(it->token, p->token, RIC_IDEM_TOKEN_LEN);
+        it->lock_expires = p->lock_expires;
+        ric_idem_pending_free(p);
+    }
     if (s->queue != NULL) {
         event_active(s->batch, EV_TIMEOUT, 1);
     }
@@ -314,6 +340,7 @@ ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base)
     sha1_hex(batch_lua, s->batch_sha);
     s->batch = event_new(base, -1, 0, on_batch, s);
     s->queue_tail = &s->queue;
+    s->unsure_tail = &s->unsure;
     connect_now(s);
     return &s->base;
 }
@@ -357,8 +384,13 @@ ric_idem_redis_close(ric_idem_store_t *base)
     while (s->unsure != NULL) {
         item_t *it = s->unsure;
         s->unsure = it->next;
+        if (!it->claim && it->rec != NULL && it->len >= RIC_IDEM_REC_HEAD) {
+            settle_lost(s, it, "is lost: the worker exits before Redis came back (the key "
+                        "stays locked until idempotency_lock_ttl)");
+        }
         item_free(it);
     }
+    ric_idem_backlog_drop(&s->backlog, s->base.conf);
     event_free(s->retry_timer);
     event_free(s->connect_timer);
     event_free(s->batch);
@@ -366,6 +398,20 @@ ric_idem_redis_close(ric_idem_store_t *base)
 }
 
 #define STALLED_MAX 3 /* claims in a row without an answer: the connection is dropped */
+
+/* Logs a settle of it (an item, whose key is spelled out) that is late or lost. */
+static void
+settle_lost(redis_store_t *s, const item_t *it, const char *what)
+{
+    u_char key[RIC_IDEM_KEY_LEN];
+    const char *hex = it->key + sizeof(KEY_PREFIX) - 1;
+    int i;
+
+    for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
+        key[i] = (u_char) ((hexval(hex[2 * i]) << 4) | hexval(hex[2 * i + 1]));
+    }
+    ric_idem_settle_lost(s->base.conf, key, it->rec == NULL, what);
+}
 
 static void
 item_free(item_t *it)
@@ -442,6 +488,10 @@ keep_unsure(redis_store_t *s, item_t *it)
     item_t *copy;
 
     if (s->closing || s->nunsure >= UNSURE_MAX) {
+        if (!it->claim && it->rec != NULL) {
+            settle_lost(s, it, s->closing ? "may be lost: the connection went as the worker "
+                        "exits" : "is lost: too many operations wait for Redis");
+        }
         return;
     }
     if (it->claim) {
@@ -456,8 +506,9 @@ keep_unsure(redis_store_t *s, item_t *it)
         copy = it;
         it->kept = 1;
     }
-    copy->next = s->unsure;
-    s->unsure = copy;
+    copy->next = NULL;
+    *s->unsure_tail = copy;
+    s->unsure_tail = &copy->next;
     s->nunsure++;
 }
 
@@ -672,16 +723,22 @@ ric_idem_redis_claim(ric_idem_store_t *base, const u_char *key, const u_char *re
 
 void
 ric_idem_redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
-                      const u_char *rec, size_t len, int64_t ttl_ms)
+                      const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires)
 {
     redis_store_t *s = (redis_store_t *) base;
     item_t *it;
 
-    if (s->state == REDIS_DOWN || s->ac == NULL) {
-        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": not connected: a key stays "
-                      "locked until its idempotency_lock_ttl", s->base.conf->spec);
+    if (s->state == REDIS_DOWN || s->ac == NULL || s->nunsure > 0 || s->backlog.n > 0) {
+        /* kept, in order, for the next connection */
+        if (s->backlog.n == 0) {
+            ric_log_error(RIC_LOG_WARN, 0, "idempotency store \"%s\": not connected: settles "
+                          "wait for Redis to come back", s->base.conf->spec);
+        }
+        ric_idem_backlog_push(&s->backlog, s->base.conf, key, token, rec, rec ? len : 0, ttl_ms,
+                              lock_expires);
         return;
     }
     it = item_new(s, key, rec, rec ? len : 0, ttl_ms);
     memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
+    it->lock_expires = lock_expires;
 }

@@ -170,14 +170,126 @@ ric_idem_store_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t
 
 void
 ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
-                      const u_char *rec, size_t len, int64_t ttl_ms)
+                      const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires)
 {
     if (s == NULL) {
         return;
     }
     if (s->kind == RIC_IDEM_STORE_LMDB) {
-        ric_idem_lmdb_settle(s, key, token, rec, len);
+        ric_idem_lmdb_settle(s, key, token, rec, len, lock_expires);
     } else {
-        ric_idem_redis_settle(s, key, token, rec, len, ttl_ms);
+        ric_idem_redis_settle(s, key, token, rec, len, ttl_ms, lock_expires);
+    }
+}
+
+/* --- the backlog -------------------------------------------------------------- */
+
+void
+ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
+                     const char *what)
+{
+    static const char hex[] = "0123456789abcdef";
+    char digest[2 * RIC_IDEM_KEY_LEN + 1];
+    int i;
+
+    for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
+        digest[2 * i] = hex[key[i] >> 4];
+        digest[2 * i + 1] = hex[key[i] & 15];
+    }
+    digest[2 * RIC_IDEM_KEY_LEN] = '\0';
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the %s of key digest %s %s",
+                  sc->spec, release ? "release" : "answer", digest, what);
+}
+
+void
+ric_idem_pending_free(ric_idem_pending_t *p)
+{
+    if (p != NULL) {
+        free(p->rec);
+        free(p);
+    }
+}
+
+static ric_idem_pending_t *
+backlog_shift(ric_idem_backlog_t *b)
+{
+    ric_idem_pending_t *p = b->head;
+
+    if (p != NULL) {
+        b->head = p->next;
+        if (b->head == NULL) {
+            b->tail = &b->head;
+        }
+        b->n--;
+        p->next = NULL;
+    }
+    return p;
+}
+
+void
+ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc, const u_char *key,
+                      const u_char *token, const u_char *rec, size_t len, int64_t ttl_ms,
+                      int64_t lock_expires)
+{
+    ric_idem_pending_t *p;
+
+    if (b->tail == NULL) {
+        b->tail = &b->head;
+    }
+    if (b->n >= RIC_IDEM_BACKLOG_MAX) {
+        p = backlog_shift(b);
+        ric_idem_settle_lost(sc, p->key, p->rec == NULL,
+                             "was given up: too many settles wait for the store (its lock "
+                             "lapses at idempotency_lock_ttl, then the key can run again)");
+        ric_idem_pending_free(p);
+    }
+    p = ric_xcalloc(1, sizeof(*p));
+    memcpy(p->key, key, RIC_IDEM_KEY_LEN);
+    memcpy(p->token, token, RIC_IDEM_TOKEN_LEN);
+    if (rec != NULL) {
+        p->rec = ric_xmalloc(len ? len : 1);
+        memcpy(p->rec, rec, len);
+        p->len = len;
+    }
+    p->ttl_ms = ttl_ms;
+    p->lock_expires = lock_expires;
+    *b->tail = p;
+    b->tail = &p->next;
+    b->n++;
+}
+
+ric_idem_pending_t *
+ric_idem_backlog_take(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc)
+{
+    ric_idem_pending_t *p = backlog_shift(b);
+
+    if (p != NULL && p->rec != NULL && ric_idem_wall_ms() >= p->lock_expires) {
+        ric_idem_settle_lost(sc, p->key, 0, "goes after its lock lapsed: a repeat that came "
+                             "in between may have run the request again");
+    }
+    return p;
+}
+
+void
+ric_idem_backlog_unshift(ric_idem_backlog_t *b, ric_idem_pending_t *p)
+{
+    if (b->tail == NULL || b->head == NULL) {
+        b->tail = &p->next;
+    }
+    p->next = b->head;
+    b->head = p;
+    b->n++;
+}
+
+void
+ric_idem_backlog_drop(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc)
+{
+    ric_idem_pending_t *p;
+
+    while ((p = backlog_shift(b)) != NULL) {
+        ric_idem_settle_lost(sc, p->key, p->rec == NULL,
+                             "is lost: the worker exits before the store could take it (the "
+                             "key stays locked until idempotency_lock_ttl)");
+        ric_idem_pending_free(p);
     }
 }

@@ -164,10 +164,56 @@ int ric_idem_store_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, si
                          int64_t ttl_ms, int durable, ric_idem_op_t *op);
 
 /* Replaces the record under key by rec (ttl_ms), or removes it (rec NULL),
- * if it still holds token: a lock that lapsed and was claimed again is
- * someone else's. Done in the background; failures are logged. */
+ * if it still holds token, or, for a record, if nothing is there (our lock
+ * lapsed and nobody claimed the key since): a lock claimed again is
+ * someone else's. Done in the background. A settle the store cannot take
+ * now (unreachable, a failed write) waits in the store's backlog and goes,
+ * in order, when it can; one that goes after lock_expires (wall ms: when
+ * the lock it settles lapses), or never, is logged with the key's digest. */
 void ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
-                           const u_char *rec, size_t len, int64_t ttl_ms);
+                           const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires);
+
+/* --- the backlog of settles a store could not take yet ---------------------- */
+
+#define RIC_IDEM_BACKLOG_MAX 10000 /* settles kept per store and worker */
+
+typedef struct ric_idem_pending_s ric_idem_pending_t;
+struct ric_idem_pending_s {
+    u_char key[RIC_IDEM_KEY_LEN];
+    u_char token[RIC_IDEM_TOKEN_LEN];
+    u_char *rec;          /* owned; NULL: a release */
+    size_t len;
+    int64_t ttl_ms;
+    int64_t lock_expires; /* wall ms */
+    ric_idem_pending_t *next;
+};
+
+typedef struct {
+    ric_idem_pending_t *head, **tail;
+    int n;
+} ric_idem_backlog_t;
+
+/* Keeps a copy of a settle at the end of b; when b is full its oldest is
+ * given up (logged). */
+void ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc,
+                           const u_char *key, const u_char *token, const u_char *rec,
+                           size_t len, int64_t ttl_ms, int64_t lock_expires);
+
+/* The oldest settle of b, now the caller's (ric_idem_pending_free), or
+ * NULL. One whose lock lapsed meanwhile is logged: it still goes. */
+ric_idem_pending_t *ric_idem_backlog_take(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc);
+
+/* Puts p back at the head of b (it could not go after all). */
+void ric_idem_backlog_unshift(ric_idem_backlog_t *b, ric_idem_pending_t *p);
+
+/* Gives up every settle of b (a worker that exits), logging each. */
+void ric_idem_backlog_drop(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc);
+
+void ric_idem_pending_free(ric_idem_pending_t *p);
+
+/* Logs a settle that was, or will be, late or lost, with its key's digest. */
+void ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
+                          const char *what);
 
 /* The stores' own parts (idem_lmdb.c, idem_redis.c). */
 ric_idem_store_t *ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base,
@@ -176,14 +222,14 @@ void ric_idem_lmdb_close(ric_idem_store_t *s);
 int ric_idem_lmdb_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t len,
                         int durable, ric_idem_op_t *op);
 void ric_idem_lmdb_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
-                          const u_char *rec, size_t len);
+                          const u_char *rec, size_t len, int64_t lock_expires);
 
 ric_idem_store_t *ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base);
 void ric_idem_redis_close(ric_idem_store_t *s);
 int ric_idem_redis_claim(ric_idem_store_t *s, const u_char *key, const u_char *rec, size_t len,
                          int64_t ttl_ms, ric_idem_op_t *op);
 void ric_idem_redis_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
-                           const u_char *rec, size_t len, int64_t ttl_ms);
+                           const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires);
 
 /* The wall clock in milliseconds (records outlive processes and hosts),
  * moved by ric_idem_wall_skew_ms (tests move time forward with it). */

@@ -75,13 +75,13 @@ test_claim_and_settle(void)
     memset(token2, 2, sizeof(token2));
     make_record(done, RIC_IDEM_DONE, 2, 60000);
     memcpy(done + RIC_IDEM_REC_HEAD, "0123456789", 10);
-    ric_idem_store_settle(s, key, token2, done, sizeof(done), 60000); /* not ours: ignored */
+    ric_idem_store_settle(s, key, token2, done, sizeof(done), 60000, 0); /* not ours: ignored */
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_FOUND);
     UNIT_CHECK(op.found.len > 0 && op.found.data[0] == RIC_IDEM_LOCKED);
     ric_buf_free(&op.found);
     make_record(done, RIC_IDEM_DONE, 1, 60000);
     memcpy(done + RIC_IDEM_REC_HEAD, "0123456789", 10);
-    ric_idem_store_settle(s, key, token1, done, sizeof(done), 60000);
+    ric_idem_store_settle(s, key, token1, done, sizeof(done), 60000, 0);
     UNIT_CHECK_INT(ric_idem_store_claim(s2 ? s2 : s, key, other, sizeof(other), 60000, 0, &op),
                    RIC_IDEM_FOUND);
     UNIT_CHECK_INT(op.found.len, sizeof(done));
@@ -90,8 +90,20 @@ test_claim_and_settle(void)
     ric_buf_free(&op.found);
 
     UNIT_CASE("release, then the key is new again");
-    ric_idem_store_settle(s, key, token1, NULL, 0, 0);
+    ric_idem_store_settle(s, key, token1, NULL, 0, 0, 0);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_CLAIMED);
+
+    UNIT_CASE("an answer whose lock lapsed, with nobody claiming since, is still kept");
+    key[0] = 0x71;
+    key[1] = 0x72;
+    ric_idem_store_settle(s, key, token1, NULL, 0, 0, 0); /* a release of nothing: nothing */
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_CLAIMED);
+    ric_idem_store_settle(s, key, other + RIC_IDEM_REC_TOKEN, NULL, 0, 0, 0);
+    ric_idem_store_settle(s, key, token1, done, sizeof(done), 60000, 0);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_FOUND);
+    UNIT_CHECK(op.found.len == sizeof(done) && op.found.data[0] == RIC_IDEM_DONE);
+    ric_buf_free(&op.found);
+    key[0] = key[1] = 0;
 
     UNIT_CASE("an expired record counts as none, and the sweep deletes it");
     key[0] = 9;
