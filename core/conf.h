@@ -65,6 +65,7 @@ typedef struct {
     int64_t idempotency_required;       /* 1: 400 for an unsafe method without a key */
     int64_t idempotency_store_failure;  /* RIC_IDEM_FAIL_CLOSED | _OPEN (idem.h) */
     int64_t idempotency_sync;           /* 1: a claim is on disk before the request goes on */
+    int64_t idempotency_store_recover;  /* RIC_IDEM_RECOVER_* (idem_store.h): a damaged LMDB file */
     int64_t proxy_ssl_verify;           /* 1: an https upstream's certificate must verify */
     int64_t proxy_ssl_server_name;      /* 1: send SNI */
     int64_t ssl_protocols;              /* RIC_SSL_TLSV1_2 | RIC_SSL_TLSV1_3, for listen ... ssl */

@@ -1371,6 +1371,40 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
 }
 
 static const char *
+set_store_recover(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    static const conf_word_t words[] = {
+        { "fail", RIC_IDEM_RECOVER_FAIL }, { "rename", RIC_IDEM_RECOVER_RENAME }, { NULL, 0 }
+    };
+
+    return set_word(cf, cmd, conf, words, "it must be \"fail\" or \"rename\"");
+}
+
+/* A damaged LMDB file (ric_idem_lmdb_verify) is an error of the line that
+ * names it, unless idempotency_store_recover rename has the master move it
+ * aside at start. */
+static const char *
+check_idem_stores(ric_conf_parse_t *cf)
+{
+    const ric_http_conf_t *http = cf->conf->http;
+    const ric_idem_store_conf_t *sc;
+
+    if (http->settings.idempotency_store_recover == RIC_IDEM_RECOVER_RENAME) {
+        return NULL;
+    }
+    for (sc = http->idem_stores; sc; sc = sc->next) {
+        if (sc->kind == RIC_IDEM_STORE_LMDB && sc->damaged[0] != '\0') {
+            return ric_conf_reason(cf, "%s:%d: idempotency store \"%s\" is damaged: %s; move it "
+                                   "aside (mv %s %s.damaged) to start with an empty store, whose "
+                                   "keys can all run again, or set \"idempotency_store_recover "
+                                   "rename\" to have that done at start", sc->file, sc->line,
+                                   sc->spec, sc->damaged, sc->path, sc->path);
+        }
+    }
+    return NULL;
+}
+
+static const char *
 set_store_failure(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
     static const conf_word_t words[] = {
@@ -1419,9 +1453,15 @@ set_idempotency_store_status(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, vo
     }
     on = ric_pcalloc(cf->pool, sizeof(*on));
     bad = ric_retry_on_parse(on, cf->args + 1, cf->nargs - 1);
-    if (bad != NULL || on->classes != 0) {
+    for (i = 1; bad == NULL && on->classes != 0 && i < (size_t) cf->nargs; i++) {
+        /* a class word is retry_on's, not a status: name which one */
+        if (ric_retry_on_parse(&base, cf->args + i, 1) == NULL && base.classes != 0) {
+            bad = cf->args[i];
+        }
+    }
+    if (bad != NULL) {
         return ric_conf_reason(cf, "invalid value \"%s\" in \"%s\": expected 4xx, 5xx or a "
-                               "status from 100 to 599", bad ? bad : cf->args[1], cmd->name);
+                               "status from 100 to 599", bad, cmd->name);
     }
     ric_retry_on_parse(&base, always, (int) ric_nelems(always));
     for (i = 0; i < ric_nelems(on->statuses); i++) {
@@ -1650,6 +1690,9 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "idempotency_store_failure", SETTINGS_CTX, RIC_CONF_TAKE1, set_store_failure,
       SETTINGS(idempotency_store_failure), "closed",
       "closed | open: when the store is unreachable, answer 503, or pass on without dedupe" },
+    { "idempotency_store_recover", RIC_CONF_HTTP, RIC_CONF_TAKE1, set_store_recover,
+      SETTINGS(idempotency_store_recover), "fail",
+      "fail | rename: a damaged LMDB file stops the start, or is moved aside" },
     { "idempotency_sync", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag, SETTINGS(idempotency_sync),
       "off", "on: an LMDB claim is on disk before the request goes upstream" },
     { NULL, 0, 0, NULL, 0, NULL, NULL }
@@ -2160,6 +2203,10 @@ ric_conf_finish(ric_conf_parse_t *cf)
                 return ric_conf_reported;
             }
         }
+    }
+    if ((reason = check_idem_stores(cf)) != NULL) {
+        snprintf(cf->err, cf->errlen, "%s", reason);
+        return ric_conf_reported;
     }
     if ((reason = resolve_budgets(cf)) != NULL) {
         snprintf(cf->err, cf->errlen, "%s", reason);

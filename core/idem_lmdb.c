@@ -7,7 +7,10 @@
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SWEEP_EVERY_MS 1000 /* expired records are swept this often */
@@ -309,6 +312,194 @@ reserve(const char *path, int64_t size)
         return 1;
     }
     return errno == EOPNOTSUPP || errno == ENOSYS ? 0 : -1;
+}
+
+/* --- the check of a file at start ------------------------------------------ */
+
+#define VERIFY_DAMAGED 3     /* the child's exit code for a finding */
+#define VERIFY_LIMIT_S 300   /* a check that runs longer is given up */
+
+/* The child's walk: 0 sound, else why holds the finding. */
+static int
+verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t len)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    MDB_envinfo info;
+    MDB_stat st, db;
+    MDB_val k, v;
+    MDB_dbi dbi;
+    ric_idem_record_t rec;
+    size_t count, i, pg;
+    uint64_t need, entries = 0;
+    int rc, found = 1;
+
+    if ((rc = mdb_env_create(&env)) != 0 || (rc = mdb_env_set_mapsize(env, (size_t) sc->map_size))
+        || (rc = mdb_env_open(env, sc->path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NORDAHEAD, 0600))) {
+        snprintf(why, len, "LMDB cannot open it: %s", mdb_strerror(rc));
+        goto done;
+    }
+    if ((rc = mdb_env_info(env, &info)) != 0 || (rc = mdb_env_stat(env, &st)) != 0) {
+        snprintf(why, len, "its meta pages cannot be read: %s", mdb_strerror(rc));
+        goto done;
+    }
+    need = ((uint64_t) info.me_last_pgno + 1) * st.ms_psize;
+    if (need > (uint64_t) file_size) {
+        snprintf(why, len, "it is truncated: its pages reach byte %llu, the file has %llu",
+                 (unsigned long long) need, (unsigned long long) file_size);
+        goto done;
+    }
+    if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn)) != 0
+        || (rc = mdb_dbi_open(txn, NULL, 0, &dbi)) != 0) {
+        snprintf(why, len, "its main database cannot be read: %s", mdb_strerror(rc));
+        goto done;
+    }
+    /* the free list: pages a writer will reuse must be pages of the file */
+    if ((rc = mdb_cursor_open(txn, 0, &cur)) == 0) {
+        for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+             rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            if (v.mv_size < sizeof(size_t)) {
+                snprintf(why, len, "a free-list entry of %zu bytes", v.mv_size);
+                goto done;
+            }
+            memcpy(&count, v.mv_data, sizeof(count));
+            if (count > v.mv_size / sizeof(size_t) - 1) {
+                snprintf(why, len, "a free-list entry names %zu pages in %zu bytes", count,
+                         v.mv_size);
+                goto done;
+            }
+            for (i = 1; i <= count; i++) {
+                memcpy(&pg, (const char *) v.mv_data + i * sizeof(size_t), sizeof(pg));
+                if (pg < 2 || pg > info.me_last_pgno) {
+                    snprintf(why, len, "its free list names page %zu, outside the file's 2..%zu",
+                             pg, info.me_last_pgno);
+                    goto done;
+                }
+            }
+        }
+        mdb_cursor_close(cur);
+        cur = NULL;
+        if (rc != MDB_NOTFOUND) {
+            snprintf(why, len, "its free list cannot be read: %s", mdb_strerror(rc));
+            goto done;
+        }
+    }
+    /* every record, as the gateway will read it */
+    if ((rc = mdb_cursor_open(txn, dbi, &cur)) != 0) {
+        snprintf(why, len, "its records cannot be read: %s", mdb_strerror(rc));
+        goto done;
+    }
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        entries++;
+        if (k.mv_size == 1 && v.mv_size == 8) {
+            continue; /* make_room's mark */
+        }
+        if (k.mv_size != RIC_IDEM_KEY_LEN
+            || ric_idem_record_parse(v.mv_data, v.mv_size, &rec) != RIC_OK) {
+            snprintf(why, len, "record %llu (a key of %zu bytes, a value of %zu) is not one of "
+                     "ricochet's", (unsigned long long) entries, k.mv_size, v.mv_size);
+            goto done;
+        }
+    }
+    if (rc != MDB_NOTFOUND) {
+        snprintf(why, len, "its records cannot be read past record %llu: %s",
+                 (unsigned long long) entries, mdb_strerror(rc));
+        goto done;
+    }
+    if (mdb_stat(txn, dbi, &db) == 0 && db.ms_entries != entries) {
+        snprintf(why, len, "it counts %zu records, and %llu can be read", db.ms_entries,
+                 (unsigned long long) entries);
+        goto done;
+    }
+    found = 0;
+done:
+    if (cur != NULL) {
+        mdb_cursor_close(cur);
+    }
+    if (txn != NULL) {
+        mdb_txn_abort(txn);
+    }
+    if (env != NULL) {
+        mdb_env_close(env);
+    }
+    return found;
+}
+
+int
+ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
+{
+    char lock[4200], buf[400];
+    struct stat st;
+    ssize_t n, got = 0;
+    int fds[2], status, devnull;
+    pid_t pid;
+
+    why[0] = '\0';
+    if (stat(sc->path, &st) != 0) {
+        return RIC_OK; /* none yet (or unreachable: opening it says why) */
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return RIC_OK; /* opening it says what it is */
+    }
+    if (st.st_size == 0) {
+        snprintf(lock, sizeof(lock), "%s-lock", sc->path);
+        if (access(lock, F_OK) != 0) {
+            return RIC_OK; /* made, never written: LMDB makes it its own */
+        }
+        snprintf(why, len, "it is empty, though its lock file %s shows it was in use: was it "
+                 "truncated?", lock);
+        return RIC_DECLINED;
+    }
+    if (pipe(fds) != 0) {
+        snprintf(why, len, "pipe: %s", strerror(errno));
+        return RIC_ERROR;
+    }
+    pid = fork();
+    if (pid < 0) {
+        snprintf(why, len, "fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
+        return RIC_ERROR;
+    }
+    if (pid == 0) {
+        /* a damaged page may crash LMDB: it does so here, not in the master */
+        close(fds[0]);
+        devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, STDERR_FILENO);
+        }
+        alarm(VERIFY_LIMIT_S);
+        if (verify_walk(sc, st.st_size, buf, sizeof(buf)) != 0) {
+            n = write(fds[1], buf, strlen(buf));
+            (void) n;
+            _exit(VERIFY_DAMAGED);
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    while (got < (ssize_t) sizeof(buf) - 1
+           && ((n = read(fds[0], buf + got, sizeof(buf) - 1 - (size_t) got)) > 0
+               || (n < 0 && errno == EINTR))) {
+        got += n > 0 ? n : 0;
+    }
+    buf[got] = '\0';
+    close(fds[0]);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        return RIC_OK;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == VERIFY_DAMAGED) {
+        snprintf(why, len, "%s", buf);
+    } else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) {
+        snprintf(why, len, "reading it took longer than %d s", VERIFY_LIMIT_S);
+    } else {
+        snprintf(why, len, "reading its pages crashed LMDB (%s): they are damaged",
+                 WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "an abnormal exit");
+    }
+    return RIC_DECLINED;
 }
 
 ric_idem_store_t *

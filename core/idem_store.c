@@ -4,8 +4,10 @@
 #include "log.h"
 #include "shm.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 int64_t ric_idem_wall_skew_ms;
 
@@ -97,15 +99,72 @@ int
 ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
 {
     ric_idem_store_t *s;
+    int rc;
 
     if (sc->kind != RIC_IDEM_STORE_LMDB) {
         return RIC_OK; /* Redis may come up after us: the gateway reconnects */
+    }
+    /* a damaged file is never opened for writing: the config decides
+     * (idempotency_store_recover) what becomes of it */
+    sc->damaged[0] = '\0';
+    rc = ric_idem_lmdb_verify(sc, sc->damaged, sizeof(sc->damaged));
+    if (rc == RIC_DECLINED) {
+        return RIC_OK;
+    }
+    sc->damaged[0] = '\0';
+    if (rc == RIC_ERROR) {
+        snprintf(err, errlen, "cannot check LMDB file \"%s\"", sc->path);
+        return RIC_ERROR;
     }
     s = ric_idem_lmdb_open(sc, NULL, err, errlen);
     if (s == NULL) {
         return RIC_ERROR;
     }
     ric_idem_lmdb_close(s);
+    return RIC_OK;
+}
+
+int
+ric_idem_store_recover_all(ric_conf_t *conf, int test, char *err, size_t errlen)
+{
+    ric_idem_store_conf_t *sc;
+    char aside[4200], lock[4200];
+    struct tm tm;
+    time_t now = time(NULL);
+
+    for (sc = conf->http ? conf->http->idem_stores : NULL; sc; sc = sc->next) {
+        if (sc->kind != RIC_IDEM_STORE_LMDB || sc->damaged[0] == '\0') {
+            continue;
+        }
+        localtime_r(&now, &tm);
+        snprintf(aside, sizeof(aside), "%s.damaged-%04d%02d%02dT%02d%02d%02d", sc->path,
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        if (test) {
+            fprintf(stderr, "ricochet: [warn] idempotency store \"%s\" is damaged (%s): at start "
+                    "it is moved aside to %s and a new, empty store is made "
+                    "(idempotency_store_recover rename)\n", sc->spec, sc->damaged, aside);
+            continue;
+        }
+        if (rename(sc->path, aside) != 0) {
+            snprintf(err, errlen, "idempotency store \"%s\" is damaged (%s) and cannot be moved "
+                     "aside to %s: %s", sc->spec, sc->damaged, aside, strerror(errno));
+            return RIC_ERROR;
+        }
+        snprintf(lock, sizeof(lock), "%s-lock", sc->path);
+        unlink(lock); /* the old file's readers' table: the new file starts its own */
+        ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\" is damaged (%s): moved aside "
+                      "to %s, starting with an empty store: keys it held can run again "
+                      "(idempotency_store_recover rename)", sc->spec, sc->damaged, aside);
+        sc->damaged[0] = '\0';
+        if (ric_idem_store_check(sc, err, errlen) != RIC_OK) {
+            return RIC_ERROR;
+        }
+        if (sc->damaged[0] != '\0') {
+            snprintf(err, errlen, "idempotency store \"%s\": the new file is damaged too: %s",
+                     sc->spec, sc->damaged);
+            return RIC_ERROR;
+        }
+    }
     return RIC_OK;
 }
 

@@ -49,6 +49,7 @@ struct ric_idem_store_conf_s {
     int db;
     const char *file;    /* where it was first named, for errors */
     int line;
+    char damaged[400];   /* LMDB: why the file failed its check when the config was read ("": sound) */
     ric_idem_store_t *store; /* this worker's open store (opened after fork) */
     ric_idem_counters_t *counters; /* in the shared zone; NULL: not counted */
     ric_idem_store_conf_t *next;
@@ -141,6 +142,25 @@ ric_idem_count(const ric_idem_store_conf_t *sc, ric_idem_count_t what)
  * closes it again), in the master before any worker starts. RIC_OK, or
  * RIC_ERROR with a reason in err. */
 int ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen);
+
+/* Checks an LMDB file without trusting it: in a child process (a damaged
+ * page may crash LMDB), its size against the pages its meta page names,
+ * every page of its free list and every record (the record format, as
+ * ric_idem_record_parse reads it). RIC_OK: sound, or no file yet (also an
+ * empty file without its lock file: one never written); RIC_DECLINED:
+ * damaged or truncated, why says how; RIC_ERROR: it could not be checked
+ * (why says). */
+int ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len);
+
+/* The master, before any worker starts: every damaged LMDB file of conf
+ * (idempotency_store_recover rename) is moved aside to
+ * PATH.damaged-TIMESTAMP, logged, and made again empty. With test set
+ * (ricochet -t) nothing is moved; what would be is printed. RIC_OK, or
+ * RIC_ERROR with a reason in err. */
+int ric_idem_store_recover_all(ric_conf_t *conf, int test, char *err, size_t errlen);
+
+#define RIC_IDEM_RECOVER_FAIL 0
+#define RIC_IDEM_RECOVER_RENAME 1
 
 /* Opens every store of the list in this worker, on its loop. A store that
  * cannot be opened is logged and answers every claim with RIC_ERROR (the

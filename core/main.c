@@ -218,6 +218,7 @@ main(int argc, char **argv)
         return 1;
     }
     if (test) {
+        ric_idem_store_recover_all(conf, 1, err, sizeof(err)); /* says what a start would move */
         printf("ricochet: configuration file %s test is successful\n", conf->file);
         ric_conf_free(conf);
         return 0;
@@ -237,6 +238,12 @@ main(int argc, char **argv)
     ric_log_use(&log);
     if (apply_kill_switch()) {
         ric_log_error(RIC_LOG_NOTICE, 0, "RICOCHET_NO_RETRY=1: every retry is off");
+    }
+    if (ric_idem_store_recover_all(conf, 0, err, sizeof(err)) != RIC_OK) {
+        ric_log_error(RIC_LOG_EMERG, 0, "%s", err);
+        fprintf(stderr, "ricochet: %s\n", err);
+        ric_conf_free(conf);
+        return 1;
     }
     if (ric_access_log_open(conf, err, sizeof(err)) != RIC_OK) {
         fprintf(stderr, "ricochet: %s\n", err);
