@@ -146,7 +146,7 @@ schedule_reconnect(redis_store_t *s)
 static void
 store_up(redis_store_t *s)
 {
-    struct item_s *it;
+    struct item_s *it, *later, **later_tail;
     ric_idem_pending_t *p;
 
     ric_log_error(s->failures > 0 ? RIC_LOG_NOTICE : RIC_LOG_INFO, 0,
@@ -155,20 +155,25 @@ store_up(redis_store_t *s)
     s->failures = 0;
     s->state = REDIS_UP;
     s->retry_ms = RECONNECT_MIN_MS;
-    while ((it = s->unsure) != NULL) {
-        s->unsure = it->next;
-        it->next = NULL;
-        *s->queue_tail = it;
-        s->queue_tail = &it->next;
-    }
+    /* oldest first: what the lost connection left unknown, then what was
+     * settled while it was away, then what was asked while connecting (a
+     * lock's refresh must never land after the answer that ends it) */
+    later = s->queue;
+    later_tail = s->queue_tail;
+    s->queue = s->unsure;
+    s->queue_tail = s->unsure != NULL ? s->unsure_tail : &s->queue;
+    s->unsure = NULL;
     s->unsure_tail = &s->unsure;
     s->nunsure = 0;
-    /* then what was settled while it was away, in the order it was */
     while ((p = ric_idem_backlog_take(&s->backlog, s->base.conf)) != NULL) {
         it = item_new(s, p->key, p->rec, p->rec ? p->len : 0, p->ttl_ms);
         memcpy(it->token, p->token, RIC_IDEM_TOKEN_LEN);
         it->lock_expires = p->lock_expires;
         ric_idem_pending_free(p);
+    }
+    if (later != NULL) {
+        *s->queue_tail = later;
+        s->queue_tail = later_tail;
     }
     if (s->queue != NULL) {
         event_active(s->batch, EV_TIMEOUT, 1);
