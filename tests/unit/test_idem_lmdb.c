@@ -208,6 +208,57 @@ test_full_of_small(void)
     ric_idem_lmdb_close(s);
 }
 
+/* The backlog of settles a store could not take: in order, bounded, each
+ * given up only with a log line. */
+static void
+test_backlog(void)
+{
+    ric_idem_store_conf_t sc = conf_for("backlog.mdb", 1 << 20);
+    ric_idem_backlog_t b;
+    ric_idem_pending_t *p;
+    u_char key[RIC_IDEM_KEY_LEN], token[RIC_IDEM_TOKEN_LEN], rec[RIC_IDEM_REC_HEAD];
+    int i, ordered = 1, level = ric_log->level;
+
+    ric_log->level = RIC_LOG_CRIT; /* 10,000 "given up" lines are the point, not the output */
+    UNIT_CASE("settles wait in the order they were made, and go in it");
+    memset(&b, 0, sizeof(b));
+    memset(token, 5, sizeof(token));
+    memset(rec, 'D', sizeof(rec));
+    for (i = 0; i < 3; i++) {
+        memset(key, i, sizeof(key));
+        ric_idem_backlog_push(&b, &sc, key, token, i == 1 ? NULL : rec, sizeof(rec), 1000,
+                              ric_idem_wall_ms() + 60000);
+    }
+    UNIT_CHECK_INT(b.n, 3);
+    p = ric_idem_backlog_take(&b, &sc);
+    UNIT_CHECK(p != NULL && p->key[0] == 0 && p->rec != NULL && p->len == sizeof(rec));
+    ric_idem_backlog_unshift(&b, p); /* it could not go: first again */
+    UNIT_CHECK_INT(b.n, 3);
+    for (i = 0; i < 3; i++) {
+        p = ric_idem_backlog_take(&b, &sc);
+        ordered &= p != NULL && p->key[0] == i && (i == 1) == (p->rec == NULL);
+        ric_idem_pending_free(p);
+    }
+    UNIT_CHECK(ordered);
+    UNIT_CHECK(ric_idem_backlog_take(&b, &sc) == NULL);
+    UNIT_CHECK_INT(b.n, 0);
+
+    UNIT_CASE("a full backlog gives up its oldest, never grows past its bound");
+    for (i = 0; i < RIC_IDEM_BACKLOG_MAX + 5; i++) {
+        memset(key, 0, sizeof(key));
+        ric_idem_put64(key, (uint64_t) i);
+        ric_idem_backlog_push(&b, &sc, key, token, rec, sizeof(rec), 1000, 0);
+    }
+    UNIT_CHECK_INT(b.n, RIC_IDEM_BACKLOG_MAX);
+    p = ric_idem_backlog_take(&b, &sc);
+    UNIT_CHECK(p != NULL && ric_idem_get64(p->key) == 5);
+    ric_idem_pending_free(p);
+    ric_idem_backlog_drop(&b, &sc);
+    UNIT_CHECK_INT(b.n, 0);
+    UNIT_CHECK(b.head == NULL);
+    ric_log->level = level;
+}
+
 int
 main(void)
 {
@@ -222,6 +273,7 @@ main(void)
     test_claim_and_settle();
     test_full_map();
     test_full_of_small();
+    test_backlog();
     rc = UNIT_DONE("idem_lmdb");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
