@@ -380,10 +380,36 @@ http {
     it("refuses idempotency_store_status teapot and connect_error, and idempotency_scope $foo", function()
         assert_refused("idempotency_store_status teapot;", "teapot")
         assert_refused("idempotency_store_status connect_error;", "connect_error")
+        assert_refused("idempotency_store_status 404 connect_error;", "connect_error")
         assert_refused("idempotency_scope $foo;", "$foo")
         local code, out = check("idempotency_store_status 404 4xx;")
         assert.equal(0, code, out)
         code, out = check("idempotency_scope $remote_addr;")
         assert.equal(0, code, out)
+    end)
+end)
+
+-- Finding 8: the docs claimed "at most once across restarts"; a SIGKILL of the gateway breaks that. One section says
+-- where the promise ends, and the README's headline points at it instead of claiming more.
+describe("the docs on at most once", function()
+    local function slurp(rel)
+        local f = assert(io.open(H.root .. "/" .. rel, "rb"))
+        local text = f:read("*a")
+        f:close()
+        return text
+    end
+
+    it("say where it ends in one place, and nowhere claim it across every restart", function()
+        local readme, ref = slurp("README.md"), slurp("conf/REFERENCE.md")
+        local start = ref:find('**Where "at most once" ends.**', 1, true)
+        assert.truthy(start, "REFERENCE.md has no 'Where at most once ends' section")
+        local section = ref:sub(start, (ref:find("\n\n[^-]", start + 40) or #ref))
+        for _, limit in ipairs({ "killed", "SIGKILL", "persistence", "idempotency_store_failure open",
+                                 "idempotency_store_recover", "idempotency_lock_ttl" }) do
+            assert.truthy(section:find(limit, 1, true), "the section does not name: " .. limit .. "\n" .. section)
+        end
+        assert.is_nil(readme:find("across gateway restarts", 1, true), "README still claims every restart")
+        assert.truthy(readme:find("Where at most once ends", 1, true), "README does not point at the section")
+        assert.is_nil(ref:find("can\nnever let a request run twice", 1, true))
     end)
 end)
