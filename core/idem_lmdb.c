@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -319,6 +320,204 @@ reserve(const char *path, int64_t size)
 #define VERIFY_DAMAGED 3     /* the child's exit code for a finding */
 #define VERIFY_LIMIT_S 300   /* a check that runs longer is given up */
 
+/*
+ * LMDB trusts its pages: a reader follows a page number into whatever is
+ * there, and a writer frees the number a page's own head gives, so one
+ * damaged head becomes a free list that crashes every later write. The
+ * walk below checks what LMDB does not, from LMDB 0.9's file format (its
+ * data.mdb layout, stable across 0.9): every page of both trees carries its
+ * own number and a known kind, every child and overflow run lies inside the
+ * file, and the pages found are the pages the meta page counts.
+ */
+#define PAGE_HEAD 16         /* pgno (8), pad (2), flags (2), lower/upper (2+2) or pages (4) */
+#define P_BRANCH 0x01
+#define P_LEAF 0x02
+#define P_OVERFLOW 0x04
+#define F_BIGDATA 0x01       /* a leaf node whose value is an overflow run */
+#define META_DBS 40          /* mm_dbs[2] in a meta page, each 48 bytes */
+#define META_LAST_PG 136
+#define META_TXNID 144
+#define DB_SIZE 48
+#define DB_DEPTH 6
+#define DB_PAGES 8           /* branch, leaf, overflow pages: three pgno_t */
+#define DB_ROOT 40
+#define MAX_DEPTH 32
+
+typedef struct {
+    const u_char *map;
+    size_t psize;
+    uint64_t last;           /* the last page in use */
+    uint64_t seen;           /* pages met: branch, leaf, overflow */
+    char *why;
+    size_t len;
+} tree_walk_t;
+
+static uint64_t
+get_word(const u_char *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static uint16_t
+get_half(const u_char *p)
+{
+    uint16_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* The page pgno of a tree, and everything under it. 0, or -1 (w->why). */
+static int
+walk_page(tree_walk_t *w, uint64_t pgno, int depth, const char *tree)
+{
+    const u_char *page, *node;
+    uint16_t flags, lower, off, ksize, nflags;
+    uint64_t child, pages;
+    size_t i, n;
+
+    if (pgno < 2 || pgno > w->last || depth > MAX_DEPTH) {
+        snprintf(w->why, w->len, "its %s tree names page %llu, outside the file's 2..%llu",
+                 tree, (unsigned long long) pgno, (unsigned long long) w->last);
+        return -1;
+    }
+    page = w->map + pgno * w->psize;
+    if (get_word(page) != pgno) {
+        snprintf(w->why, w->len, "page %llu of its %s tree says it is page %llu", (unsigned
+                 long long) pgno, tree, (unsigned long long) get_word(page));
+        return -1;
+    }
+    flags = get_half(page + 10);
+    w->seen++;
+    if (flags & P_OVERFLOW) {
+        snprintf(w->why, w->len, "page %llu of its %s tree is an overflow page",
+                 (unsigned long long) pgno, tree);
+        return -1;
+    }
+    lower = get_half(page + 12);
+    if (!(flags & (P_BRANCH | P_LEAF)) || lower < PAGE_HEAD || lower > w->psize) {
+        snprintf(w->why, w->len, "page %llu of its %s tree is of no known kind",
+                 (unsigned long long) pgno, tree);
+        return -1;
+    }
+    n = (size_t) (lower - PAGE_HEAD) / 2;
+    for (i = 0; i < n; i++) {
+        off = get_half(page + PAGE_HEAD + 2 * i);
+        if (off < PAGE_HEAD || (size_t) off + 8 > w->psize) {
+            snprintf(w->why, w->len, "a node of page %llu lies outside it",
+                     (unsigned long long) pgno);
+            return -1;
+        }
+        node = page + off;
+        nflags = get_half(node + 4);
+        ksize = get_half(node + 6);
+        if (flags & P_BRANCH) {
+            child = get_half(node) | ((uint64_t) get_half(node + 2) << 16)
+                    | ((uint64_t) nflags << 32);
+            if (walk_page(w, child, depth + 1, tree) != 0) {
+                return -1;
+            }
+            continue;
+        }
+        if (!(nflags & F_BIGDATA)) {
+            continue; /* the value is in the leaf: the record check reads it */
+        }
+        if ((size_t) off + 8 + ksize + 8 > w->psize) {
+            snprintf(w->why, w->len, "a node of page %llu lies outside it",
+                     (unsigned long long) pgno);
+            return -1;
+        }
+        child = get_word(node + 8 + ksize);
+        if (child < 2 || child > w->last || get_word(w->map + child * w->psize) != child
+            || !(get_half(w->map + child * w->psize + 10) & P_OVERFLOW)) {
+            snprintf(w->why, w->len, "a value on page %llu names page %llu, which is not its "
+                     "overflow page", (unsigned long long) pgno, (unsigned long long) child);
+            return -1;
+        }
+        pages = get_word(w->map + child * w->psize + 12) & 0xffffffffu;
+        if (pages == 0 || child + pages - 1 > w->last) {
+            snprintf(w->why, w->len, "the overflow run at page %llu reaches past the file",
+                     (unsigned long long) child);
+            return -1;
+        }
+        w->seen += pages;
+    }
+    return 0;
+}
+
+/* Both trees of the snapshot txnid (the caller's read transaction, which
+ * keeps writers off its pages), against what its meta page counts. 0, or
+ * -1 (why); 1: no meta page holds that snapshot any more (a busy writer
+ * moved on twice): the caller begins again. */
+static int
+walk_trees(const char *path, size_t psize, uint64_t file_size, uint64_t txnid, char *why,
+           size_t len)
+{
+    tree_walk_t w = { NULL, psize, 0, 0, why, len };
+    u_char meta[META_TXNID + 8];
+    const u_char *db, *slot;
+    uint64_t counted = 0;
+    int fd, i, j, rc = -1;
+    void *map;
+
+    if (file_size < 2 * psize) {
+        snprintf(why, len, "it is shorter than its two meta pages");
+        return -1;
+    }
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) == -1) {
+        snprintf(why, len, "it cannot be read: %s", strerror(errno));
+        return -1;
+    }
+    map = mmap(NULL, (size_t) file_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        snprintf(why, len, "it cannot be mapped: %s", strerror(errno));
+        return -1;
+    }
+    w.map = map;
+    /* the meta page of our snapshot, copied whole before it can change */
+    for (i = 0, slot = NULL; i < 2 && slot == NULL; i++) {
+        if (get_word(w.map + i * psize + META_TXNID) == txnid) {
+            memcpy(meta, w.map + i * psize, sizeof(meta));
+            slot = get_word(w.map + i * psize + META_TXNID) == txnid ? meta : NULL;
+        }
+    }
+    if (slot == NULL) {
+        rc = 1;
+        goto done;
+    }
+    w.last = get_word(meta + META_LAST_PG);
+    if ((w.last + 1) * psize > file_size) {
+        snprintf(why, len, "it is truncated: its pages reach byte %llu, the file has %llu",
+                 (unsigned long long) ((w.last + 1) * psize), (unsigned long long) file_size);
+        goto done;
+    }
+    for (i = 0; i < 2; i++) {
+        db = meta + META_DBS + i * DB_SIZE;
+        for (j = 0; j < 3; j++) {
+            counted += get_word(db + DB_PAGES + 8 * j);
+        }
+        if (get_word(db + DB_ROOT) != ~(uint64_t) 0
+            && walk_page(&w, get_word(db + DB_ROOT), get_half(db + DB_DEPTH) > MAX_DEPTH
+                                                         ? MAX_DEPTH + 1 : 0,
+                         i == 0 ? "free-list" : "records") != 0) {
+            goto done;
+        }
+    }
+    if (w.seen != counted) {
+        snprintf(why, len, "its trees hold %llu pages where its meta page counts %llu",
+                 (unsigned long long) w.seen, (unsigned long long) counted);
+        goto done;
+    }
+    rc = 0;
+done:
+    munmap(map, (size_t) file_size);
+    return rc;
+}
+
 /* The child's walk: 0 sound, else why holds the finding. */
 static int
 verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t len)
@@ -333,7 +532,7 @@ verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t 
     ric_idem_record_t rec;
     size_t count, i, pg;
     uint64_t need, entries = 0;
-    int rc, found = 1;
+    int rc, found = 1, tries;
 
     if ((rc = mdb_env_create(&env)) != 0 || (rc = mdb_env_set_mapsize(env, (size_t) sc->map_size))
         || (rc = mdb_env_open(env, sc->path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NORDAHEAD, 0600))) {
@@ -350,10 +549,22 @@ verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t 
                  (unsigned long long) need, (unsigned long long) file_size);
         goto done;
     }
-    if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn)) != 0
-        || (rc = mdb_dbi_open(txn, NULL, 0, &dbi)) != 0) {
-        snprintf(why, len, "its main database cannot be read: %s", mdb_strerror(rc));
-        goto done;
+    for (tries = 0;; tries++) {
+        if ((rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn)) != 0
+            || (rc = mdb_dbi_open(txn, NULL, 0, &dbi)) != 0) {
+            snprintf(why, len, "its main database cannot be read: %s", mdb_strerror(rc));
+            goto done;
+        }
+        rc = walk_trees(sc->path, st.ms_psize, (uint64_t) file_size, (uint64_t) mdb_txn_id(txn),
+                        why, len);
+        if (rc < 0) {
+            goto done;
+        }
+        if (rc == 0 || tries == 10) {
+            break; /* a file a gateway writes that fast is read below, as LMDB reads it */
+        }
+        mdb_txn_abort(txn);
+        txn = NULL;
     }
     /* the free list: pages a writer will reuse must be pages of the file */
     if ((rc = mdb_cursor_open(txn, 0, &cur)) == 0) {
