@@ -424,6 +424,9 @@ settle_cleanup(void *data)
     } else if (d->held && r->end == RIC_END_ANSWERED) {
         /* the gateway's own answer (502, 504...): the upstream gave none */
         release(r, d);
+    } else if (d->held && r->body_mode == RIC_REQ_BODY_STREAM && !r->body_complete) {
+        /* its body never reached the upstream whole: nothing can have run */
+        release(r, d);
     } else if (d->held) {
         ric_log_error(RIC_LOG_WARN, 0, "a keyed request to location \"%s\" ended before its "
                       "answer (%s): its key stays locked for idempotency_lock_ttl, client: %s",

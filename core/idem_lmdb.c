@@ -49,6 +49,8 @@ typedef struct {
     struct event *batch;
     struct batch_item_s *queue, **queue_tail;
     ric_idem_backlog_t backlog; /* settles whose write failed: tried again each tick */
+    const u_char *map;    /* the map (WRITEMAP: every value lies in it), else NULL */
+    size_t map_size;
 } lmdb_store_t;
 
 /* A claim or a settle waiting for the turn's transaction. */
@@ -718,11 +720,13 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
 {
     lmdb_store_t *s = ric_xcalloc(1, sizeof(*s));
     MDB_txn *txn;
+    MDB_envinfo info;
     struct timeval tv;
     int rc, dead, reserved;
 
     s->base.kind = RIC_IDEM_STORE_LMDB;
     s->base.conf = sc;
+    s->map_size = (size_t) sc->map_size;
     s->efd = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -764,6 +768,10 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     }
     if ((rc = mdb_txn_commit(txn)) != 0) {
         goto failed; /* a failed commit frees the transaction itself */
+    }
+    if (mdb_env_info(s->env, &info) == 0) {
+        s->map_size = info.me_mapsize;
+        s->map = reserved ? info.me_mapaddr : NULL;
     }
     if (base == NULL) {
         return &s->base; /* the master's check: no loop, no thread */
@@ -836,11 +844,40 @@ write_failure(lmdb_store_t *s, int rc, char *buf, size_t len)
         snprintf(buf, len, "the LMDB map of %lld bytes is full (raise size= of "
                  "idempotency_store, or lower idempotency_ttl)",
                  (long long) s->base.conf->map_size);
+    } else if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_BAD_TXN) {
+        snprintf(buf, len, "\"%s\" looks damaged (%s): stop the gateway and run ricochet -t, "
+                 "which says what is wrong and what to do", s->base.conf->path, mdb_strerror(rc));
     } else {
         snprintf(buf, len, "writing to \"%s\" failed: %s", s->base.conf->path,
                  mdb_strerror(rc));
     }
     return buf;
+}
+
+/* What mdb_get found under a key: 1 a live record, 0 none (missing,
+ * expired, or too short to be one), -1 a value no record can be (a
+ * damaged node: its size past the map): never copied. */
+static int
+live_record(const lmdb_store_t *s, int rc, const MDB_val *v)
+{
+    const u_char *p = v->mv_data;
+
+    if (rc != 0 || v->mv_size < RIC_IDEM_REC_HEAD) {
+        return 0;
+    }
+    if (v->mv_size > s->map_size
+        || (s->map != NULL && (p < s->map || v->mv_size > (size_t) (s->map + s->map_size - p)))) {
+        return -1;
+    }
+    return (int64_t) ric_idem_get64(p + RIC_IDEM_REC_EXPIRES) > ric_idem_wall_ms();
+}
+
+/* The error of a claim that met a damaged record. */
+static void
+damaged_record(lmdb_store_t *s, ric_idem_op_t *op)
+{
+    snprintf(op->error, sizeof(op->error), "a damaged record in \"%s\" (stop the gateway and run "
+             "ricochet -t: it says what is wrong)", s->base.conf->path);
 }
 
 /* One write transaction: the live record under key into found (FOUND), or
@@ -858,12 +895,14 @@ claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t
     k.mv_data = (void *) key;
     k.mv_size = RIC_IDEM_KEY_LEN;
     rc = mdb_get(txn, s->dbi, &k, &v);
-    if (rc == 0 && v.mv_size >= RIC_IDEM_REC_HEAD
-        && (int64_t) ric_idem_get64((const u_char *) v.mv_data + RIC_IDEM_REC_EXPIRES)
-               > ric_idem_wall_ms()) {
+    switch (live_record(s, rc, &v)) {
+    case 1:
         ric_buf_put(found, v.mv_data, v.mv_size);
         mdb_txn_abort(txn);
         return RIC_IDEM_FOUND;
+    case -1:
+        mdb_txn_abort(txn);
+        return MDB_CORRUPTED;
     }
     if (nearly_full(s, txn)) {
         mdb_txn_abort(txn);
@@ -1060,12 +1099,17 @@ on_batch(evutil_socket_t fd, short what, void *arg)
         k.mv_data = it->key;
         k.mv_size = RIC_IDEM_KEY_LEN;
         rc = mdb_get(txn, s->dbi, &k, &v);
-        if (rc == 0 && v.mv_size >= RIC_IDEM_REC_HEAD
-            && (int64_t) ric_idem_get64((const u_char *) v.mv_data + RIC_IDEM_REC_EXPIRES)
-                   > ric_idem_wall_ms()) {
+        switch (live_record(s, rc, &v)) {
+        case 1:
             it->op->found.len = 0;
             ric_buf_put(&it->op->found, v.mv_data, v.mv_size);
             it->rc = RIC_IDEM_FOUND;
+            rc = 0;
+            continue;
+        case -1:
+            damaged_record(s, it->op);
+            it->rc = RIC_ERROR;
+            rc = 0;
             continue;
         }
         v.mv_data = it->rec;

@@ -280,6 +280,7 @@ backlog_shift(ric_idem_backlog_t *b)
             b->tail = &b->head;
         }
         b->n--;
+        b->bytes -= p->len;
         p->next = NULL;
     }
     return p;
@@ -291,9 +292,19 @@ ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc, co
                       int64_t lock_expires)
 {
     ric_idem_pending_t *p;
+    u_char bare[RIC_IDEM_REC_HEAD];
 
     if (b->tail == NULL) {
         b->tail = &b->head;
+    }
+    if (rec != NULL && len > RIC_IDEM_REC_HEAD && rec[0] == RIC_IDEM_DONE
+        && b->bytes + len > RIC_IDEM_BACKLOG_BYTES) {
+        memcpy(bare, rec, RIC_IDEM_REC_HEAD);
+        bare[0] = RIC_IDEM_DONE_BARE;
+        rec = bare;
+        len = sizeof(bare);
+        ric_idem_settle_lost(sc, key, 0, "waits as done without its body: the settles waiting "
+                             "for the store hold 64 MiB (a repeat gets 409)");
     }
     if (b->n >= RIC_IDEM_BACKLOG_MAX) {
         p = backlog_shift(b);
@@ -315,6 +326,7 @@ ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc, co
     *b->tail = p;
     b->tail = &p->next;
     b->n++;
+    b->bytes += p->len;
 }
 
 ric_idem_pending_t *
@@ -338,6 +350,7 @@ ric_idem_backlog_unshift(ric_idem_backlog_t *b, ric_idem_pending_t *p)
     p->next = b->head;
     b->head = p;
     b->n++;
+    b->bytes += p->len;
 }
 
 void

@@ -196,6 +196,8 @@ void ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char 
 /* --- the backlog of settles a store could not take yet ---------------------- */
 
 #define RIC_IDEM_BACKLOG_MAX 10000 /* settles kept per store and worker */
+#define RIC_IDEM_BACKLOG_BYTES (64 << 20) /* ...and their bytes: past them, an answer waits
+                                           * as "done" without its body */
 
 typedef struct ric_idem_pending_s ric_idem_pending_t;
 struct ric_idem_pending_s {
@@ -211,10 +213,13 @@ struct ric_idem_pending_s {
 typedef struct {
     ric_idem_pending_t *head, **tail;
     int n;
+    size_t bytes;
 } ric_idem_backlog_t;
 
-/* Keeps a copy of a settle at the end of b; when b is full its oldest is
- * given up (logged). */
+/* Keeps a copy of a settle at the end of b. An answer that would take b
+ * past RIC_IDEM_BACKLOG_BYTES waits as "done" without it (a repeat gets
+ * 409, never a second run); when b holds RIC_IDEM_BACKLOG_MAX its oldest
+ * is given up (logged). */
 void ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc,
                            const u_char *key, const u_char *token, const u_char *rec,
                            size_t len, int64_t ttl_ms, int64_t lock_expires);

@@ -216,7 +216,7 @@ test_backlog(void)
     ric_idem_store_conf_t sc = conf_for("backlog.mdb", 1 << 20);
     ric_idem_backlog_t b;
     ric_idem_pending_t *p;
-    u_char key[RIC_IDEM_KEY_LEN], token[RIC_IDEM_TOKEN_LEN], rec[RIC_IDEM_REC_HEAD];
+    u_char key[RIC_IDEM_KEY_LEN], token[RIC_IDEM_TOKEN_LEN], rec[RIC_IDEM_REC_HEAD], *big;
     int i, ordered = 1, level = ric_log->level;
 
     ric_log->level = RIC_LOG_CRIT; /* 10,000 "given up" lines are the point, not the output */
@@ -256,6 +256,30 @@ test_backlog(void)
     ric_idem_backlog_drop(&b, &sc);
     UNIT_CHECK_INT(b.n, 0);
     UNIT_CHECK(b.head == NULL);
+    UNIT_CHECK_INT(b.bytes, 0);
+
+    UNIT_CASE("past its bytes, an answer waits as done without its body");
+    big = ric_xmalloc(1 << 20);
+    memset(big, 'x', 1 << 20);
+    big[0] = RIC_IDEM_DONE;
+    for (i = 0; i < 80; i++) {
+        memset(key, i, sizeof(key));
+        ric_idem_backlog_push(&b, &sc, key, token, big, 1 << 20, 1000, 0);
+    }
+    UNIT_CHECK_INT(b.n, 80);
+    UNIT_CHECK(b.bytes <= RIC_IDEM_BACKLOG_BYTES + 80 * RIC_IDEM_REC_HEAD); /* bare ones are small */
+    for (i = 0; i < 80; i++) {
+        p = ric_idem_backlog_take(&b, &sc);
+        if (i == 0) {
+            UNIT_CHECK(p->len == (1 << 20) && p->rec[0] == RIC_IDEM_DONE);
+        }
+        if (i == 79) {
+            UNIT_CHECK(p->len == RIC_IDEM_REC_HEAD && p->rec[0] == RIC_IDEM_DONE_BARE);
+        }
+        ric_idem_pending_free(p);
+    }
+    UNIT_CHECK_INT(b.bytes, 0);
+    free(big);
     ric_log->level = level;
 }
 
