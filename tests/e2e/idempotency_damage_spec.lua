@@ -3,6 +3,8 @@
 -- operator might damage it. Then what an operator sees: `ricochet -t`, `ricochet plan` and a start refuse it with
 -- the idempotency_store line's FILE:LINE and what to do, or, with idempotency_store_recover rename, a start moves
 -- it aside, says so in the error log and serves with an empty store.
+-- And while a gateway runs: a record damaged under its workers is a store error (503) for its key alone, and a
+-- client that leaves mid-upload of a streamed keyed body does not keep its key locked.
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local lfs = require("lfs")
@@ -17,18 +19,20 @@ local function new_key()
     return ("dmg-%d-%d"):format(os.time(), key_n)
 end
 
-local function post(port, key, body)
+-- A keyed POST to /pay (or path).
+local function post(port, key, body, path)
     local headers = { { "Content-Type", "application/json" } }
     if key then headers[#headers + 1] = { "Idempotency-Key", key } end
-    return H.request(port, { method = "POST", path = "/pay", headers = headers, body = body or '{"amount":10}' })
+    return H.request(port, { method = "POST", path = path or "/pay", headers = headers,
+        body = body or '{"amount":10}' })
 end
 
 -- A repeat of a request just answered may find its key still in flight for a moment (the store is written as
 -- the request ends): 409 with Retry-After. It retries that, briefly.
-local function repeat_post(port, key, body)
+local function repeat_post(port, key, body, path)
     local last
     H.wait_until(function()
-        last = post(port, key, body)
+        last = post(port, key, body, path)
         return not (last and last.status == 409 and last.body:find("idempotency-key-in-use", 1, true))
     end, 3)
     return last
@@ -53,6 +57,63 @@ http {
 ]]
 local STORE_LINE = 10
 local RECOVER = "idempotency_store_recover rename;"
+
+-- A gateway whose store is damaged, or whose clients misbehave, while it runs. The server has a name: it is
+-- part of every record key (the server's first name, NUL, the location's path, NUL, "~" for a prefix
+-- location, then the key, then the scope, which is empty without an Authorization field).
+local LIVE_CONF = [[
+worker_processes 2;
+error_log logs/error.log info;
+http {
+    access_log logs/access.log;
+    upstream up { server {{UPSTREAM}}; retry_budget off; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        server_name gw;
+        idempotency_store lmdb:{{STORE}} size=4m;
+        location / { proxy_pass http://up; }
+        location /upload/ { retry_body_max 1k; client_body_timeout 5s; proxy_pass http://up; }
+    }
+}
+]]
+
+local function problem_type(resp)
+    local ok, doc = pcall(H.json.decode, resp and resp.body or "")
+    return ok and type(doc) == "table" and doc.type or nil
+end
+
+-- SHA-256 of bytes (they may hold NULs), by `openssl dgst`, as 32 raw bytes.
+local function sha256(bytes, scratch)
+    H.write_file(scratch, bytes)
+    local f = assert(io.popen("openssl dgst -sha256 -binary " .. H.shell_quote(scratch) .. " 2>/dev/null", "r"))
+    local out = f:read("*a")
+    f:close()
+    os.remove(scratch)
+    assert(out and #out == 32, "openssl dgst gave " .. #(out or "") .. " bytes")
+    return out
+end
+
+-- Every 0-based offset at which needle occurs in haystack.
+local function offsets_of(haystack, needle)
+    local out, from = {}, 1
+    for _ = 1, 10000 do
+        local at = haystack:find(needle, from, true)
+        if not at then break end
+        out[#out + 1] = at - 1
+        from = at + 1
+    end
+    return out
+end
+
+-- The access log's entries (decoded) for a path.
+local function access_entries(gw, path)
+    local out = {}
+    for line in (H.read_file(gw.prefix .. "/logs/access.log") or ""):gmatch("([^\n]+)\n") do
+        local ok, e = pcall(H.json.decode, line)
+        if ok and type(e) == "table" and e.path == path then out[#out + 1] = e end
+    end
+    return out
+end
 
 local function render(vars)
     return (CONF:gsub("{{([%w_]+)}}", function(name)
@@ -481,5 +542,115 @@ describe("a damaged LMDB idempotency store", function()
         local ok, okout = test_conf({ recover = true })
         assert.equal(0, ok, okout) -- no file yet: nothing to recover, nothing said
         assert.is_nil(okout:find("damaged", 1, true), okout)
+    end)
+
+    local function start_live()
+        local gw = H.start_gateway({ conf = LIVE_CONF, upstream = up, vars = { STORE = store } })
+        gws[#gws + 1] = gw
+        return gw
+    end
+
+    -- No worker died: none exited on a signal or with a code (the master logs either).
+    local function assert_no_worker_died(gw, extra)
+        local log = gw:log()
+        local died = log:match("[^\n]*exited on signal[^\n]*") or log:match("[^\n]*exited with code[^\n]*")
+        assert.is_nil(died, ctx(gw, extra))
+    end
+
+    it("a record damaged while the gateway runs is a store error for its key, never a crash", function()
+        up:program({ default = { status = 201, headers = { ["Content-Type"] = "application/json" },
+            body = '{"id":"d7"}' } })
+        local gw = start_live()
+        local first = assert(post(gw.port, "k7", '{"n":7}', "/d/7"))
+        assert.equal(201, first.status, ctx(gw))
+        assert.is_nil(first.headers["idempotent-replayed"])
+        local again = assert(repeat_post(gw.port, "k7", '{"n":7}', "/d/7"))
+        assert.equal(201, again.status, ctx(gw))
+        assert.equal('{"id":"d7"}', again.body)
+        assert.equal("true", again.headers["idempotent-replayed"], ctx(gw))
+        assert.equal(1, #up:hits())
+        -- k7's record key: server name, NUL, location path, NUL, "~" (a prefix location), the key; no scope
+        local rkey = sha256("gw\0/\0~k7", dir .. "/k7.digest-input")
+        local bytes = assert(H.read_file(store))
+        local at = offsets_of(bytes, rkey)
+        assert.truthy(#at >= 1, "k7's record key is nowhere in " .. store)
+        -- each copy of its leaf node (the map is shared with the workers: they see this at once): the node's
+        -- head is the 8 bytes before the key, the value's size (two little-endian uint16, lo then hi), the
+        -- flags and the key's size. The value's size becomes 0x7ffffff0.
+        for _, o in ipairs(at) do
+            assert.truthy(o >= 8, "key at " .. o)
+            local ksize = bytes:byte(o - 1) + 256 * bytes:byte(o)
+            assert.equal(32, ksize, ("the node at %d names a key of %d bytes"):format(o - 8, ksize))
+            overwrite(store, o - 8, "\240\255\255\127")
+        end
+        -- its key is now a store error (idempotency_store_failure closed): 503, on either worker, every time
+        for i = 1, 4 do
+            local r, err = post(gw.port, "k7", '{"n":7}', "/d/7")
+            assert.truthy(r, ctx(gw, ("repeat %d after the damage: no answer (%s)"):format(i, tostring(err))))
+            assert.equal(503, r.status, ctx(gw, ("repeat %d: %s"):format(i, r.body)))
+            assert.equal("application/problem+json", r.headers["content-type"], ctx(gw))
+            assert.equal("urn:ricochet:problem:idempotency-store-unavailable", problem_type(r), ctx(gw, r.body))
+        end
+        assert.equal(1, #up:hits())
+        assert_no_worker_died(gw)
+        -- and another key is served as ever: run once, then replayed
+        up:program({ default = { status = 201, body = "k8 done" } })
+        local k8 = assert(post(gw.port, "k8", '{"n":8}', "/d/8"))
+        assert.equal(201, k8.status, ctx(gw, k8.body))
+        assert.equal("k8 done", k8.body)
+        local k8again = assert(repeat_post(gw.port, "k8", '{"n":8}', "/d/8"))
+        assert.equal(201, k8again.status, ctx(gw, k8again.body))
+        assert.equal("k8 done", k8again.body)
+        assert.equal("true", k8again.headers["idempotent-replayed"], ctx(gw))
+        assert.equal(2, #up:hits())
+        local alive = #gw:workers()
+        gw:stop() -- under ASan: fails on any sanitizer report
+        assert_no_worker_died(gw)
+        assert.equal(2, alive, ctx(gw))
+    end)
+
+    it("a client that leaves mid-upload of a streamed keyed body releases its key", function()
+        up:program({ default = { status = 201, body = "uploaded", delay_ms = 200 } })
+        local gw = start_live()
+        local path, body = "/upload/b1", H.text_body(5000, 5000)
+        -- more than retry_body_max (1k): streamed to the upstream as it comes; the client sends half and leaves
+        local c = assert(H.connect(gw.port))
+        assert(c:send(("POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nIdempotency-Key: kb1\r\n"
+            .. "Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n"):format(path, gw.port)))
+        assert(c:send(body:sub(1, 2500)))
+        H.sleep(0.3)
+        c:close()
+        -- the key is free again: the whole request runs (not 409 idempotency-key-in-use until its lock lapses)
+        local seen = {}
+        local done = H.wait_until(function()
+            local r, err = post(gw.port, "kb1", body, path)
+            seen[#seen + 1] = r and (r.status .. (problem_type(r) and (" " .. problem_type(r)) or "")) or tostring(err)
+            if r and r.status == 201 then return r end
+            H.sleep(0.1)
+        end, 5)
+        assert.truthy(done, ctx(gw, "answers to the full request: " .. table.concat(seen, ", ")))
+        assert.equal("uploaded", done.body)
+        assert.is_nil(done.headers["idempotent-replayed"])
+        local whole = 0
+        for _, hit in ipairs(up:hits()) do
+            if H.hit_values(hit, "Idempotency-Key")[1] == "kb1" and hit.body == body and not hit.incomplete then
+                whole = whole + 1
+            end
+        end
+        assert.equal(1, whole, ctx(gw, "upstream hits: " .. H.json.encode(up:hits({ bodies = false }))))
+        -- the first request's access log line: released
+        local first
+        H.wait_until(function()
+            for _, e in ipairs(access_entries(gw, path)) do
+                if e.status ~= 201 and e.status ~= 409 then first = e end
+            end
+            return first
+        end, 3)
+        local log = H.read_file(gw.prefix .. "/logs/access.log") or ""
+        assert.truthy(first, ctx(gw, "no line for the first request in:\n" .. log))
+        assert.equal("released", first.idempotency, ctx(gw, log))
+        assert.equal(2, #gw:workers(), ctx(gw))
+        gw:stop()
+        assert_no_worker_died(gw)
     end)
 end)
