@@ -73,6 +73,8 @@ typedef struct {
     int64_t ssl_session_timeout;        /* how long a session (or ticket) resumes */
     int64_t ssl_session_tickets;        /* 1: stateless tickets (resume across workers) */
     int64_t ssl_handshake_timeout;      /* a client's whole TLS handshake */
+    int64_t script_timeout;             /* http only: one hook call's wall-clock bound */
+    int64_t script_memory_max;          /* http only: the scripts' Lua state's memory */
 } ric_http_settings_t;
 
 #define RIC_SSL_TLSV1_2 0x1

@@ -938,6 +938,17 @@ set_classify_body_max(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
     return reason;
 }
 
+static const char *
+set_script_memory(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *reason = set_size(cf, cmd, conf);
+
+    if (reason == NULL && *field_at(conf, cmd) < (4 << 20)) {
+        return bad_value(cf, cmd, "it must be at least 4m (the state itself takes about 1m)");
+    }
+    return reason;
+}
+
 /* script FILE: loaded now, so a script that does not load stops the
  * config (and `ricochet -t` says where, in the script). */
 static const char *
@@ -1582,6 +1593,12 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "classify_body_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_classify_body_max,
       SETTINGS(classify_body_max), "0",
       "response bodies up to this size are read for the script's classify (res:body())" },
+    { "script_timeout", RIC_CONF_HTTP, RIC_CONF_TAKE1, set_msec_positive,
+      SETTINGS(script_timeout), "50ms",
+      "the longest a route script's hook (or main chunk) may run before it is stopped" },
+    { "script_memory_max", RIC_CONF_HTTP, RIC_CONF_TAKE1, set_script_memory,
+      SETTINGS(script_memory_max), "64m",
+      "the memory of the route scripts' Lua state; past it, the call is stopped" },
     { "script", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_script, REFS(script), NULL,
       "FILE: the route script (Lua) whose hooks classify, mark idempotent and attach keys" },
     { "proxy_pass", RIC_CONF_LOC, RIC_CONF_TAKE1, set_proxy_pass, RIC_CONF_NO_OFFSET, NULL,
@@ -2204,6 +2221,10 @@ ric_conf_finish(ric_conf_parse_t *cf)
             }
         }
     }
+    /* the bounds of every hook call from here on (a main chunk ran under
+     * the defaults: the directives may come after the scripts) */
+    ric_script_timeout_ms = c->http->settings.script_timeout;
+    ric_script_memory_max = (size_t) c->http->settings.script_memory_max;
     if ((reason = check_idem_stores(cf)) != NULL) {
         snprintf(cf->err, cf->errlen, "%s", reason);
         return ric_conf_reported;

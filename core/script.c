@@ -10,6 +10,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <malloc.h>
 
 /*
  * The state is made by the first `script` directive, in the process that
@@ -36,11 +37,69 @@ int ric_script_in_on_request;
 
 /* --- the bound on a call ------------------------------------------------------ */
 
-#define HOOK_EVERY 10000 /* instructions between checks */
+#define HOOK_EVERY 1000 /* instructions between checks */
 
 static int64_t call_start_ms;
 static int64_t call_ticks;
 static int call_stopped;
+static int call_running;     /* a bounded call is on the stack */
+
+int64_t ric_script_timeout_ms = RIC_SCRIPT_MAX_MS;
+size_t ric_script_memory_max = RIC_SCRIPT_MEMORY_MAX;
+
+/* The state's memory, counted by its allocator: past script_memory_max an
+ * allocation fails, which LuaJIT raises as an error in the script. */
+static size_t mem_used;
+static int mem_over; /* an allocation was refused during the current call */
+static int rebuild_pending; /* the state is made again before the next call */
+
+static void *
+bounded_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    void *p;
+
+    (void) ud;
+    if (nsize == 0) {
+        free(ptr);
+        mem_used -= ptr != NULL ? osize : 0;
+        return NULL;
+    }
+    if (ptr == NULL) {
+        osize = 0;
+    }
+    /* only inside a protected call: a refusal outside one would be an
+     * error nothing catches */
+    if (call_running && nsize > osize && mem_used + (nsize - osize) > ric_script_memory_max) {
+        mem_over = 1;
+        return NULL;
+    }
+    p = realloc(ptr, nsize);
+    if (p != NULL) {
+        mem_used = mem_used - osize + nsize;
+    }
+    return p;
+}
+
+static void stop_now(lua_State *l);
+
+static int
+over_bound(void)
+{
+    return call_stopped || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
+           || ric_now_ms() - call_start_ms > ric_script_timeout_ms;
+}
+
+/* sandbox.lua's guard: the clock checked after a library call that can
+ * run long, so a hook is stopped at its bound, not after the next
+ * instructions. */
+static int
+l_guard(lua_State *l)
+{
+    if (call_running && over_bound()) {
+        stop_now(l);
+    }
+    return 0;
+}
 
 /* Once a call is over its bound, every further instruction of it raises
  * the error again: a script that catches it (pcall) cannot go on. The
@@ -49,16 +108,22 @@ static void
 bound_hook(lua_State *l, lua_Debug *ar)
 {
     (void) ar;
-    if (!call_stopped && ++call_ticks * HOOK_EVERY <= RIC_SCRIPT_MAX_INSTRUCTIONS
-        && ric_now_ms() - call_start_ms <= RIC_SCRIPT_MAX_MS) {
+    ++call_ticks;
+    if (!over_bound()) {
         return;
     }
+    stop_now(l);
+}
+
+static void
+stop_now(lua_State *l)
+{
     if (!call_stopped) {
         call_stopped = 1;
         lua_sethook(l, bound_hook, LUA_MASKCOUNT, 1);
     }
     luaL_error(l, "stopped: it ran longer than a hook may (%d instructions or %d ms)",
-               RIC_SCRIPT_MAX_INSTRUCTIONS, RIC_SCRIPT_MAX_MS);
+               RIC_SCRIPT_MAX_INSTRUCTIONS, (int) ric_script_timeout_ms);
 }
 
 /* Calls the function below its nargs arguments on the stack with nres
@@ -74,10 +139,30 @@ call(int nargs, int nres)
     call_start_ms = ric_now_ms();
     call_ticks = 0;
     call_stopped = 0;
+    call_running = 1;
+    mem_over = 0;
     lua_sethook(L, bound_hook, LUA_MASKCOUNT, HOOK_EVERY);
     rc = lua_pcall(L, nargs, nres, base);
     lua_sethook(L, NULL, 0, 0);
+    call_running = 0;
     lua_remove(L, base);
+    if (rc != 0 && mem_over) {
+        lua_pushfstring(L, "stopped: it used more memory than script_memory_max allows (%d "
+                        "MiB for the scripts' state): %s", (int) (ric_script_memory_max >> 20),
+                        lua_isstring(L, -1) ? lua_tostring(L, -1) : "?");
+        lua_remove(L, -2);
+    }
+    if (rc != 0 && (mem_over || call_stopped)) {
+        /* what a stopped call piled up goes now, back to the system, not
+         * only to malloc: the worker's memory returns to where it was */
+        for (int i = 0; i < 6; i++) {
+            lua_gc(L, LUA_GCCOLLECT, 0); /* each cycle halves LuaJIT's string buffer */
+        }
+        malloc_trim(0);
+        if (mem_used > ric_script_memory_max / 2) {
+            rebuild_pending = 1; /* what it keeps is the script's own: start again */
+        }
+    }
     return rc;
 }
 
@@ -124,27 +209,20 @@ state_close(void)
 static int
 state_init(char *err, size_t errlen)
 {
-    atexit(state_close);
-    L = luaL_newstate();
+    static int closing_registered;
+
+    if (!closing_registered) {
+        closing_registered = 1;
+        atexit(state_close);
+    }
+    L = lua_newstate(bounded_alloc, NULL);
     if (L == NULL) {
         snprintf(err, errlen, "cannot create the Lua state (out of memory)");
         return RIC_ERROR;
     }
     luaL_openlibs(L);
     /* the strings' metatable reaches the real string table from any
-     * script: take out what a sandbox must not have there */
-    if (luaL_dostring(L, "string.dump = nil\n"
-                         "local rep = string.rep\n"
-                         "string.rep = function(s, n, sep)\n"
-                         "  if type(s) == 'string' and type(n) == 'number'\n"
-                         "     and (#s + #(sep or '')) * n > 16777216 then\n"
-                         "    error('string.rep: a result over 16 MiB', 2)\n"
-                         "  end\n"
-                         "  return rep(s, n, sep)\n"
-                         "end\n") != 0) {
-        snprintf(err, errlen, "cannot prepare the Lua state: %s", lua_tostring(L, -1));
-        return RIC_ERROR;
-    }
+     * script: sandbox.lua bounds what is there (rep, gsub, ...) */
     lua_getglobal(L, "debug");
     lua_getfield(L, -1, "traceback");
     ref_traceback = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -177,6 +255,12 @@ state_init(char *err, size_t errlen)
     ref_prepare = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "check");
     ref_check = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "set_guard");
+    lua_pushcfunction(L, l_guard);
+    if (lua_pcall(L, 1, 0, 0) != 0) {
+        snprintf(err, errlen, "cannot start the sandbox: %s", lua_tostring(L, -1));
+        return RIC_ERROR;
+    }
     lua_pop(L, 1);
     return RIC_OK;
 }
@@ -196,11 +280,50 @@ hook_ref(const char *name)
     return luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
+/* Runs the script at path in the state (its main chunk, bounded) and keeps
+ * its hooks in s. RIC_OK, or RIC_ERROR with "path:line: reason" in err. */
+static int
+load_hooks(const char *path, ric_script_t *s, char *err, size_t errlen)
+{
+    int top = lua_gettop(L);
+
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_prepare);
+    lua_pushstring(L, path);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_ricochet);
+    if (call(2, 2) != 0 || lua_isnil(L, -2)) {
+        snprintf(err, errlen, "%s", lua_isnil(L, -2) && lua_isstring(L, -1) ? lua_tostring(L, -1)
+                                                                            : error_text());
+        lua_settop(L, top);
+        return RIC_ERROR;
+    }
+    lua_pop(L, 1);
+    /* the main chunk runs once, bounded like a hook */
+    if (call(0, 1) != 0) {
+        snprintf(err, errlen, "%s", error_text());
+        lua_settop(L, top);
+        return RIC_ERROR;
+    }
+    /* sandbox.check(path, route) -> route | nil, reason */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_check);
+    lua_pushstring(L, path);
+    lua_pushvalue(L, -3);
+    if (lua_pcall(L, 2, 2, 0) != 0 || lua_isnil(L, -2)) {
+        snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "not a route");
+        lua_settop(L, top);
+        return RIC_ERROR;
+    }
+    lua_pop(L, 2);
+    s->ref_on_request = hook_ref("on_request");
+    s->ref_classify = hook_ref("classify");
+    s->ref_on_log = hook_ref("on_log");
+    lua_settop(L, top);
+    return RIC_OK;
+}
+
 ric_script_t *
 ric_script_load(const char *path, char *err, size_t errlen)
 {
     ric_script_t *s;
-    int top;
 
     for (s = scripts; s; s = s->next) {
         if (strcmp(s->path, path) == 0) {
@@ -210,43 +333,50 @@ ric_script_load(const char *path, char *err, size_t errlen)
     if (L == NULL && state_init(err, errlen) != RIC_OK) {
         return NULL;
     }
-    top = lua_gettop(L);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_prepare);
-    lua_pushstring(L, path);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_ricochet);
-    if (call(2, 2) != 0 || lua_isnil(L, -2)) {
-        snprintf(err, errlen, "%s", lua_isnil(L, -2) && lua_isstring(L, -1) ? lua_tostring(L, -1)
-                                                                            : error_text());
-        lua_settop(L, top);
-        return NULL;
-    }
-    lua_pop(L, 1);
-    /* the main chunk runs once, bounded like a hook */
-    if (call(0, 1) != 0) {
-        snprintf(err, errlen, "%s", error_text());
-        lua_settop(L, top);
-        return NULL;
-    }
-    /* sandbox.check(path, route) -> route | nil, reason */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_check);
-    lua_pushstring(L, path);
-    lua_pushvalue(L, -3);
-    if (lua_pcall(L, 2, 2, 0) != 0 || lua_isnil(L, -2)) {
-        snprintf(err, errlen, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "not a route");
-        lua_settop(L, top);
-        return NULL;
-    }
-    lua_pop(L, 2);
     s = ric_xcalloc(1, sizeof(*s));
+    if (load_hooks(path, s, err, errlen) != RIC_OK) {
+        free(s);
+        return NULL;
+    }
     s->path = ric_xstrdup(path);
-    s->ref_on_request = hook_ref("on_request");
-    s->ref_classify = hook_ref("classify");
-    s->ref_on_log = hook_ref("on_log");
-    lua_settop(L, top);
     s->has_on_log = s->ref_on_log != LUA_NOREF;
     s->next = scripts;
     scripts = s;
     return s;
+}
+
+/* A state that a script filled past script_memory_max, and keeps full, is
+ * thrown away and made again: every script's main chunk runs anew, so the
+ * worker's memory returns to where it was. Between calls only: no call
+ * holds the old state. */
+static void
+state_rebuild(void)
+{
+    ric_script_t *s;
+    char err[1024];
+
+    rebuild_pending = 0;
+    lua_close(L);
+    L = NULL;
+    if (state_init(err, sizeof(err)) != RIC_OK) {
+        ric_log_error(RIC_LOG_CRIT, 0, "route scripts: the Lua state cannot be made again: %s: "
+                      "every script is off in this worker", err);
+        for (s = scripts; s; s = s->next) {
+            s->ref_on_request = s->ref_classify = s->ref_on_log = LUA_NOREF;
+        }
+        return;
+    }
+    for (s = scripts; s; s = s->next) {
+        if (load_hooks(s->path, s, err, sizeof(err)) != RIC_OK) {
+            ric_log_error(RIC_LOG_ERR, 0, "route script %s cannot be loaded again: %s: it is off "
+                          "in this worker", s->path, err);
+            s->ref_on_request = s->ref_classify = s->ref_on_log = LUA_NOREF;
+        }
+    }
+    malloc_trim(0);
+    ric_log_error(RIC_LOG_WARN, 0, "route scripts: the Lua state was made again (a script kept "
+                  "more than half of script_memory_max after it was stopped): %zu KiB now",
+                  mem_used >> 10);
 }
 
 /* --- calls -------------------------------------------------------------------- */
@@ -306,6 +436,9 @@ ric_script_on_request(ric_request_t *r)
     char where[512];
     int top, rc;
 
+    if (rebuild_pending) {
+        state_rebuild();
+    }
     if (s == NULL || s->ref_on_request == LUA_NOREF) {
         return RIC_OK;
     }
@@ -375,6 +508,9 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     int top, rc, word = RIC_CLASSIFY_DEFAULT;
 
     *delay_ms = -1;
+    if (rebuild_pending) {
+        state_rebuild();
+    }
     if (s == NULL || s->ref_classify == LUA_NOREF) {
         return RIC_CLASSIFY_DEFAULT;
     }
@@ -457,6 +593,9 @@ ric_script_log_cleanup(void *data)
     const ric_http_msg_t *m = r->msg;
     int top, i;
 
+    if (rebuild_pending) {
+        state_rebuild();
+    }
     if (s == NULL || s->ref_on_log == LUA_NOREF) {
         return;
     }

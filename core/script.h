@@ -20,6 +20,12 @@ struct ric_script_s {
  * bound checked alongside. */
 #define RIC_SCRIPT_MAX_INSTRUCTIONS 10000000
 #define RIC_SCRIPT_MAX_MS 50
+#define RIC_SCRIPT_MEMORY_MAX ((size_t) 64 << 20)
+
+/* The bounds in force (script_timeout, script_memory_max; set when the
+ * config is read, the defaults until then). */
+extern int64_t ric_script_timeout_ms;
+extern size_t ric_script_memory_max;
 
 /* Loads the script at path (once per path) in this process's state: its
  * main chunk runs, bounded, and must return a table of hooks. NULL with

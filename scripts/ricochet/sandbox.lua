@@ -32,8 +32,101 @@ local function load_source(path, env)
     return chunk
 end
 
+-- --- bounds that hold whatever a script does ----------------------------------------------------------
+-- The gateway stops a hook that runs too long by raising STOPPED from its instruction-count hook; an
+-- error handler of an error raised there runs with that hook off, so no script handler may ever run for
+-- it: pcall and xpcall pass it straight on. Library functions that call back into Lua (gsub, sort,
+-- tostring, format) nest C frames on the C stack: their depth is bounded with a Lua error. After a
+-- library call that can run long, guard() (the gateway's clock check; nothing in the test kit) stops a
+-- hook past its bound at once, not 1,000 instructions later.
+local STOPPED = "stopped: it ran longer than a hook may"
+local MAX_DEPTH = 50
+local guard = function() end
+local depth = 0
+local raw_pcall, raw_xpcall, raw_error, select, unpack = pcall, xpcall, error, select, unpack
+
+local function stopped(e)
+    return type(e) == "string" and e:find(STOPPED, 1, true) ~= nil
+end
+
+-- pcall's results, with a stop passed on
+local function passed(ok, ...)
+    if not ok and stopped((...)) then raw_error((...), 0) end
+    return ok, ...
+end
+
+local function safe_pcall(f, ...)
+    return passed(raw_pcall(f, ...))
+end
+
+local function safe_xpcall(f, handler)
+    return passed(raw_xpcall(f, function(e)
+        if stopped(e) then return e end
+        return handler(e)
+    end))
+end
+
+local function left(ok, ...)
+    depth = depth - 1
+    guard()
+    if not ok then raw_error((...), 0) end
+    return ...
+end
+
+-- fn with its callbacks' nesting bounded, and the clock checked after it
+local function bounded(fn, name)
+    return function(...)
+        if depth >= MAX_DEPTH then
+            raw_error(("%s: callbacks nested more than %d deep"):format(name, MAX_DEPTH), 2)
+        end
+        depth = depth + 1
+        return left(raw_pcall(fn, ...))
+    end
+end
+
+local function after(...)
+    guard()
+    return ...
+end
+
+-- fn, with the clock checked after it (a long scan of a long string)
+local function timed(fn)
+    return function(...)
+        return after(fn(...))
+    end
+end
+
+local real_rep = string.rep
+local function bounded_rep(s, n, sep)
+    -- the size first, with the coercions rep itself makes (a number is a string here)
+    local len = #tostring(s) + #(sep ~= nil and tostring(sep) or "")
+    local count = tonumber(n) or 0
+    if len * count > 16777216 then
+        raw_error("string.rep: a result over 16 MiB", 2)
+    end
+    return real_rep(s, n, sep)
+end
+
+-- The strings' metatable reaches the real string table from any script ("x"):gsub(...): the bounded
+-- functions go there too, once, for the gateway's state and the test kit alike.
+if not string.__ricochet_bounded then
+    string.gsub = bounded(string.gsub, "string.gsub")
+    string.format = bounded(string.format, "string.format")
+    string.rep = bounded_rep
+    for _, name in ipairs({ "find", "match", "gmatch", "lower", "upper", "reverse", "sub", "byte" }) do
+        string[name] = timed(string[name])
+    end
+    string.dump = nil
+    rawset(string, "__ricochet_bounded", true)
+end
+
 local safe_string = copy(string)
-safe_string.dump = nil
+safe_string.__ricochet_bounded = nil
+local safe_table = copy(table)
+safe_table.sort = bounded(table.sort, "table.sort")
+safe_table.concat = timed(table.concat)
+safe_table.foreach, safe_table.foreachi = nil, nil
+local safe_tostring = bounded(tostring, "tostring")
 
 local HOOKS = { on_request = true, classify = true, on_log = true }
 
@@ -57,16 +150,16 @@ end
 local function prepare(path, ricochet, bundled_dir)
     local dir = path:match("^(.*)/[^/]*$") or "."
     local env = {
-        assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
-        select = select, tonumber = tonumber, tostring = tostring, type = type, unpack = unpack,
-        xpcall = xpcall, setmetatable = setmetatable, rawget = rawget, rawset = rawset,
+        assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = safe_pcall,
+        select = select, tonumber = tonumber, tostring = safe_tostring, type = type, unpack = unpack,
+        xpcall = safe_xpcall, setmetatable = setmetatable, rawget = rawget, rawset = rawset,
         rawequal = rawequal, _VERSION = _VERSION,
         getmetatable = function(v)
             if type(v) == "string" then return nil end -- the strings' metatable is everyone's
             return getmetatable(v)
         end,
         -- every library table is the script's own copy: what one script changes, no other sees
-        string = copy(safe_string), table = copy(table), math = copy(math), bit = copy(require("bit")),
+        string = copy(safe_string), table = copy(safe_table), math = copy(math), bit = copy(require("bit")),
         os = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime },
         ricochet = copy(ricochet),
     }
@@ -108,4 +201,9 @@ local function prepare(path, ricochet, bundled_dir)
     return load_source(path, env)
 end
 
-return { prepare = prepare, check = check }
+-- The gateway's clock check, run after long library calls (it raises STOPPED past the hook's bound).
+local function set_guard(fn)
+    guard = fn
+end
+
+return { prepare = prepare, check = check, set_guard = set_guard, STOPPED = STOPPED }

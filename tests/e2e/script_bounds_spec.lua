@@ -1,0 +1,174 @@
+-- Route scripts that attack their own bounds (issue 20, finding 1, 4 and 5): a runaway through xpcall's
+-- handler, recursion through gsub/sort/tostring callbacks, memory bombs and long library scans. Each must
+-- be stopped with a logged error, the request answered by the built-in policy, the worker unchanged (same
+-- PID) and its memory back near where it was; the real binary, one worker, the fault upstream.
+package.path = "tests/e2e/?.lua;" .. package.path
+local H = require("helpers")
+local lfs = require("lfs")
+
+local function ctx(gw, extra)
+    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
+end
+
+local HOSTILE = [[
+local route = {}
+local attacks = {}
+attacks["/xpcall"] = function()
+    xpcall(function() while true do end end, function() while true do end end)
+end
+attacks["/pcall-loop"] = function()
+    while true do pcall(function() while true do end end) end
+end
+attacks["/gsub"] = function()
+    local function f() return (("x"):gsub("x", f)) end
+    f()
+end
+attacks["/sort"] = function()
+    local function cmp(a, b) table.sort({ 3, 2, 1 }, cmp) return a < b end
+    table.sort({ 5, 4, 3, 2, 1 }, cmp)
+end
+attacks["/tostring"] = function()
+    local t = setmetatable({}, { __tostring = function(self) return tostring(self) end })
+    tostring(t)
+end
+attacks["/rep-string-count"] = function() return string.rep("x", "1073741824") end
+attacks["/rep-number"] = function() return string.rep(1234567890, 107374183) end
+attacks["/concat"] = function()
+    local s = ("x"):rep(16000000)
+    for _ = 1, 6 do s = s .. s end
+    return s
+end
+attacks["/keep"] = function()
+    kept = kept or {}
+    for i = 1, 1000 do kept[#kept + 1] = ("y"):rep(1000000) .. i end
+end
+attacks["/find"] = function()
+    local s = ("x"):rep(16000000)
+    for _ = 1, 200 do s:find("[q]") end
+end
+function route.on_request(req)
+    local attack = attacks[req.path]
+    if attack then attack() end
+    req:set_header("X-Script-Ran", "yes")
+end
+return route
+]]
+
+local LOOPING_MAIN = [[
+xpcall(function() while true do end end, function() while true do end end)
+return {}
+]]
+
+local CONF = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    upstream up { server {{UPSTREAM}}; retry_budget off; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        location / { script {{SCRIPT}}; proxy_pass http://up; }
+    }
+}
+]]
+
+local sdir = os.tmpname()
+os.remove(sdir)
+assert(lfs.mkdir(sdir))
+
+local function rss_kb(pid)
+    local f = io.open("/proc/" .. pid .. "/status", "r")
+    if not f then return nil end
+    local text = f:read("*a")
+    f:close()
+    return tonumber(text:match("VmRSS:%s*(%d+)"))
+end
+
+describe("a hostile route script", function()
+    local up, gw, worker
+
+    setup(function()
+        up = H.start_upstream()
+        H.write_file(sdir .. "/hostile.lua", HOSTILE)
+        gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = sdir .. "/hostile.lua" } })
+        local r = assert(H.request(gw.port, { method = "GET", path = "/warm" }))
+        assert(r.status == 200, ctx(gw))
+        worker = gw:workers()[1]
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+        os.execute("rm -rf " .. H.shell_quote(sdir))
+    end)
+
+    before_each(function() up:reset() end)
+
+    local function attack(path)
+        up:reset()
+        local r = H.request(gw.port, { method = "GET", path = path, timeout = 20 })
+        assert.truthy(r, "no answer to " .. path .. "\n" .. ctx(gw))
+        -- the built-in policy answered: the request went upstream without the script's header
+        assert.equal(200, r.status, ctx(gw, path))
+        local hits = up:hits()
+        assert.equal(1, #hits, ctx(gw, path))
+        assert.same({}, H.hit_values(hits[1], "X-Script-Ran"), path)
+        -- the same worker serves the next request, and the script runs again
+        assert.same({ worker }, gw:workers(), ctx(gw, path .. ": the worker changed"))
+        up:reset()
+        local again = assert(H.request(gw.port, { method = "GET", path = "/fine" }))
+        assert.equal(200, again.status)
+        assert.same({ "yes" }, H.hit_values(up:hits()[1], "X-Script-Ran"), path)
+        return r
+    end
+
+    for _, case in ipairs({
+        { "/xpcall", "stopped: it ran longer than a hook may" },
+        { "/pcall-loop", "stopped: it ran longer than a hook may" },
+        { "/find", "stopped: it ran longer than a hook may" },
+    }) do
+        it("stops a runaway through " .. case[1] .. " and keeps serving", function()
+            attack(case[1])
+            assert.truthy(gw:log():find(case[2], 1, true), ctx(gw))
+        end)
+    end
+
+    for _, path in ipairs({ "/gsub", "/sort", "/tostring" }) do
+        it("ends recursion through " .. path .. " callbacks with an error, never a crash", function()
+            attack(path)
+            assert.is_nil(gw:log():find("exited on signal", 1, true), ctx(gw))
+            assert.truthy(gw:log():find("on_request failed", 1, true), ctx(gw))
+        end)
+    end
+
+    it("refuses string.rep bombs whatever the types of its arguments", function()
+        attack("/rep-string-count")
+        attack("/rep-number")
+        local _, n = gw:log():gsub("string.rep: a result over 16 MiB", "")
+        assert.equal(2, n, ctx(gw))
+    end)
+
+    it("stops memory bombs at script_memory_max and gives the memory back", function()
+        local base = assert(rss_kb(worker))
+        attack("/concat")
+        attack("/keep")
+        attack("/concat")
+        assert.truthy(gw:log():find("more memory than script_memory_max allows", 1, true), ctx(gw))
+        local after = assert(rss_kb(worker))
+        assert.truthy(after - base < 10 * 1024, ("worker RSS %d KiB before, %d KiB after"):format(base, after))
+    end)
+end)
+
+describe("a main chunk that runs away", function()
+    it("is stopped at -t with FILE:LINE, not hung", function()
+        H.write_file(sdir .. "-main.lua", LOOPING_MAIN)
+        local conf = sdir .. "-main.conf"
+        H.write_file(conf, "http { server { listen 127.0.0.1:1; location / { script " .. sdir
+            .. "-main.lua; proxy_pass http://127.0.0.1:2; } } }\n")
+        local code, out = H.run({ H.bin(), "-t", "-c", conf }, { timeout = 20 })
+        os.remove(sdir .. "-main.lua")
+        os.remove(conf)
+        assert.equal(1, code, out)
+        assert.truthy(out:find("stopped: it ran longer than a hook may", 1, true), out)
+        assert.truthy(out:find(conf .. ":1:", 1, true), out)
+    end)
+end)
