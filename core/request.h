@@ -107,6 +107,8 @@ struct ric_request_s {
     const char *script_key;    /* req:set_idempotency_key (pool) */
     int script_key_removed;    /* req:set_header(key field, nil): the client's key is not sent */
     int script_status;         /* req:respond's status; 0: it did not answer */
+    int script_ctx_ref;        /* the script's per-request table (req.ctx); 0: none yet */
+    unsigned script_ctx_gen;   /* ...of this generation of the scripts' state */
 
     /* an own answer with fields and a body of its own (a script's
      * req:respond, a replayed or problem answer of the idempotency store) */

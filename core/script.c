@@ -30,6 +30,7 @@ static ric_script_t *scripts;
 static int ref_traceback = LUA_NOREF, ref_prepare = LUA_NOREF, ref_check = LUA_NOREF;
 static int ref_ricochet = LUA_NOREF;
 static int ref_req = LUA_NOREF, ref_res = LUA_NOREF, ref_attempt = LUA_NOREF;
+static int ref_req_fields = LUA_NOREF, ref_res_fields = LUA_NOREF, ref_attempt_fields = LUA_NOREF;
 
 ric_request_t *ric_script_request;
 ric_attempt_t *ric_script_attempt;
@@ -52,6 +53,7 @@ size_t ric_script_memory_max = RIC_SCRIPT_MEMORY_MAX;
 static size_t mem_used;
 static int mem_over; /* an allocation was refused during the current call */
 static int rebuild_pending; /* the state is made again before the next call */
+static unsigned state_gen;  /* bumped each time the state is made: older registry refs are void */
 
 static void *
 bounded_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
@@ -216,6 +218,7 @@ state_init(char *err, size_t errlen)
         atexit(state_close);
     }
     L = lua_newstate(bounded_alloc, NULL);
+    state_gen++;
     if (L == NULL) {
         snprintf(err, errlen, "cannot create the Lua state (out of memory)");
         return RIC_ERROR;
@@ -244,6 +247,12 @@ state_init(char *err, size_t errlen)
     ref_res = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "attempt");
     ref_attempt = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "req_fields");
+    ref_req_fields = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "res_fields");
+    ref_res_fields = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "attempt_fields");
+    ref_attempt_fields = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "ricochet");
     ref_ricochet = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pop(L, 1);
@@ -427,6 +436,51 @@ log_failure(const ric_script_t *s, const char *hook, const ric_request_t *r)
                   error_text(), r->c->peer);
 }
 
+/* --- the per-request context --------------------------------------------------- */
+
+static void
+ctx_unref(ric_request_t *r)
+{
+    if (r->script_ctx_ref != 0 && r->script_ctx_gen == state_gen && L != NULL) {
+        luaL_unref(L, LUA_REGISTRYINDEX, r->script_ctx_ref);
+    }
+    r->script_ctx_ref = 0;
+}
+
+/* A request that ends without on_log lets its table go here; with on_log,
+ * the log cleanup (which runs after this one) does. */
+static void
+ctx_cleanup(void *data)
+{
+    ric_request_t *r = data;
+    const ric_script_t *s = script_of(r);
+
+    if (s == NULL || !s->has_on_log) {
+        ctx_unref(r);
+    }
+}
+
+/* Pushes the request's own table for its script (req.ctx, attempt.ctx,
+ * ctx.ctx): made at its first hook, the same one until the request ends,
+ * never another request's. */
+static void
+push_ctx(ric_request_t *r)
+{
+    int first = r->script_ctx_ref == 0;
+
+    if (!first && r->script_ctx_gen == state_gen) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, r->script_ctx_ref);
+        return;
+    }
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    r->script_ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    r->script_ctx_gen = state_gen;
+    if (first) {
+        ric_request_cleanup_add(r, ctx_cleanup, r);
+    }
+}
+
 int
 ric_script_on_request(ric_request_t *r)
 {
@@ -454,13 +508,17 @@ ric_script_on_request(ric_request_t *r)
         }
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_request);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);            /* the argument: the proxy */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req_fields);     /* what it shows */
     set_string("method", ric_request_span(r, m->method_off, m->method_len));
     set_string("path", path);
     lua_pushlstring(L, query.data ? (const char *) query.data : "", query.len);
     set_raw("query");
     lua_pushnil(L);
     set_raw("idempotent");
+    push_ctx(r);
+    set_raw("ctx");
+    lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
 
     ric_script_request = r;
     ric_script_in_on_request = 1;
@@ -473,7 +531,7 @@ ric_script_on_request(ric_request_t *r)
         lua_settop(L, top);
         return RIC_OK;
     }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req_fields);
     lua_pushstring(L, "idempotent");
     lua_rawget(L, -2);
     if (lua_isboolean(L, -1)) {
@@ -518,12 +576,15 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_classify);
     if (class == RIC_CLASS_STATUS) {
         lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res_fields);
         lua_pushinteger(L, u->client.resp.status);
         set_raw("status");
+        lua_pop(L, 1);
     } else {
         lua_pushnil(L); /* no response: attempt.class says why */
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_attempt);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_attempt_fields);
     lua_pushinteger(L, u->number);
     set_raw("number");
     lua_pushstring(L, ric_retry_class_name(class));
@@ -534,6 +595,9 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     set_raw("remaining");
     lua_pushstring(L, u->client.peer ? u->client.peer->conf->addr_text : "");
     set_raw("upstream");
+    push_ctx(r);
+    set_raw("ctx");
+    lua_pop(L, 1);
 
     ric_script_request = r;
     ric_script_attempt = u;
@@ -637,10 +701,13 @@ ric_script_log_cleanup(void *data)
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "attempts");
+    push_ctx(r);
+    lua_setfield(L, -2, "ctx");
 
     /* no current request: req and res kept from earlier hooks change nothing now */
     if (call(1, 0) != 0) {
         log_failure(s, "on_log", r);
     }
     lua_settop(L, top);
+    ctx_unref(r);
 }

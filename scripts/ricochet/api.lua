@@ -12,7 +12,8 @@
 --   B.res_body()                        -> string | nil
 --   B.uuid(), B.sha256(s), B.hmac_sha256(key, s), B.now(), B.log(level, message)
 -- and the gateway fills the fields (req.method, res.status, attempt.number...) before each call.
-local decode = require("cjson.safe").decode -- kept: scripts get copies of cjson, never this one
+-- an instance of its own: scripts get instances of theirs, so no decode_max_depth of theirs reaches this
+local decode = require("cjson.safe").new().decode
 
 return function(B)
     local api = {}
@@ -30,9 +31,32 @@ return function(B)
         return v
     end
 
+    -- The objects are one of each per state, reused from call to call: a script reaches their fields and
+    -- methods through an empty proxy, never the tables behind them (its metatable is locked, the fields
+    -- and method tables are nobody's field), and writes only the fields listed as writable. The gateway
+    -- fills the fields table (api.req_fields, ...) before each call.
+    local function object(name, methods, writable)
+        local fields = {}
+        local proxy = setmetatable({}, {
+            __metatable = "ricochet." .. name,
+            __index = function(_, k)
+                local v = fields[k]
+                if v == nil then v = methods[k] end
+                return v
+            end,
+            __newindex = function(_, k, v)
+                if not writable[k] then
+                    error(("%s.%s cannot be set: %s is the gateway's (keep your own state in "
+                        .. "%s.ctx)"):format(name, tostring(k), name, name), 2)
+                end
+                fields[k] = v
+            end,
+        })
+        return proxy, fields
+    end
+
     -- req -----------------------------------------------------------------------------------------------------
-    local Req = { __metatable = "ricochet.req" } -- a script cannot swap the methods of the shared object
-    Req.__index = Req
+    local Req = {}
 
     function Req:header(name)
         check_string(name, "req:header's name", 2)
@@ -86,8 +110,7 @@ return function(B)
     end
 
     -- res -----------------------------------------------------------------------------------------------------
-    local Res = { __metatable = "ricochet.res" }
-    Res.__index = Res
+    local Res = {}
 
     function Res:header(name)
         check_string(name, "res:header's name", 2)
@@ -107,9 +130,9 @@ return function(B)
     end
 
     -- the objects: one of each, reused from call to call (the gateway refills their fields)
-    api.req = setmetatable({}, Req)
-    api.res = setmetatable({}, Res)
-    api.attempt = setmetatable({}, { __metatable = "ricochet.attempt" })
+    api.req, api.req_fields = object("req", Req, { idempotent = true })
+    api.res, api.res_fields = object("res", Res, {})
+    api.attempt, api.attempt_fields = object("attempt", {}, {})
 
     -- ricochet ------------------------------------------------------------------------------------------------
     local levels = { debug = true, info = true, notice = true, warn = true, error = true }

@@ -128,6 +128,17 @@ safe_table.concat = timed(table.concat)
 safe_table.foreach, safe_table.foreachi = nil, nil
 local safe_tostring = bounded(tostring, "tostring")
 
+-- The gateway's objects (req, res, attempt) are read-only but for their writable fields: rawset, which
+-- would pass their guard, refuses them.
+local raw_rawset, raw_getmetatable = rawset, getmetatable
+local function safe_rawset(t, k, v)
+    local mt = raw_getmetatable(t)
+    if type(mt) == "string" and mt:find("^ricochet%.") then
+        raw_error(("rawset: %s is the gateway's"):format(mt:sub(10)), 2)
+    end
+    return raw_rawset(t, k, v)
+end
+
 local HOOKS = { on_request = true, classify = true, on_log = true }
 
 local function check(path, route)
@@ -152,7 +163,7 @@ local function prepare(path, ricochet, bundled_dir)
     local env = {
         assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = safe_pcall,
         select = select, tonumber = tonumber, tostring = safe_tostring, type = type, unpack = unpack,
-        xpcall = safe_xpcall, setmetatable = setmetatable, rawget = rawget, rawset = rawset,
+        xpcall = safe_xpcall, setmetatable = setmetatable, rawget = rawget, rawset = safe_rawset,
         rawequal = rawequal, _VERSION = _VERSION,
         getmetatable = function(v)
             if type(v) == "string" then return nil end -- the strings' metatable is everyone's
@@ -165,7 +176,8 @@ local function prepare(path, ricochet, bundled_dir)
     }
     env._G = env
     local loaded = {
-        cjson = copy(require("cjson")), ["cjson.safe"] = copy(require("cjson.safe")), ricochet = env.ricochet,
+        -- instances of the script's own: what it configures (decode_max_depth...) no one else sees
+        cjson = require("cjson").new(), ["cjson.safe"] = require("cjson.safe").new(), ricochet = env.ricochet,
         string = env.string, table = env.table, math = env.math, bit = env.bit, os = env.os,
     }
     local loading = {}

@@ -195,16 +195,16 @@ end
 local states = setmetatable({}, { __mode = "k" }) -- object -> its state, for kit.upstream and kit.answer
 
 -- kit.request{ method = "GET", path = "/", query = "", headers = { Name = "value" }, body = nil,
---              key_header = "Idempotency-Key" } -> req, with the exact API of the gateway's req
+--              key_header = "Idempotency-Key", ctx = {} } -> req, with the exact API of the gateway's req
+-- (req.ctx: the request's own table; pass the same one to kit.attempt{ ctx = req.ctx } as the gateway does)
 function kit.request(t)
     t = t or {}
     local st = { headers = lower_map(t.headers), edits = {}, body = t.body,
         key_header = t.key_header or "Idempotency-Key" }
     local api = make_api(binding(st))
-    local req = api.req
-    rawset(req, "method", t.method or "GET")
-    rawset(req, "path", t.path or "/")
-    rawset(req, "query", t.query or "")
+    local req, fields = api.req, api.req_fields
+    fields.method, fields.path, fields.query = t.method or "GET", t.path or "/", t.query or ""
+    fields.ctx = t.ctx or {}
     states[req] = st
     return req
 end
@@ -213,17 +213,23 @@ end
 function kit.response(t)
     t = t or {}
     local st = { headers = lower_map(t.headers), body = t.body }
-    local res = make_api(binding(st)).res
-    rawset(res, "status", t.status or 200)
+    local api = make_api(binding(st))
+    local res = api.res
+    api.res_fields.status = t.status or 200
     states[res] = st
     return res
 end
 
--- kit.attempt{ number = 1, class = "status", elapsed = 0, remaining = 30, upstream = "127.0.0.1:9000" }
+-- kit.attempt{ number = 1, class = "status", elapsed = 0, remaining = 30, upstream = "127.0.0.1:9000",
+--              ctx = {} } -> attempt, read-only as the gateway's
 function kit.attempt(t)
     t = t or {}
-    return { number = t.number or 1, class = t.class or "status", elapsed = t.elapsed or 0,
-        remaining = t.remaining or 30, upstream = t.upstream or "127.0.0.1:9000" }
+    local api = make_api(binding({ headers = {} }))
+    local fields = api.attempt_fields
+    fields.number, fields.class, fields.elapsed = t.number or 1, t.class or "status", t.elapsed or 0
+    fields.remaining, fields.upstream = t.remaining or 30, t.upstream or "127.0.0.1:9000"
+    fields.ctx = t.ctx or {}
+    return api.attempt
 end
 
 -- What on_request did to the fields sent upstream: { name (lowercase) = value }, with the client's fields,

@@ -98,4 +98,40 @@ return route
         assert.has_error(function() kit.load(write("typo.lua", "return { on_requets = function() end }\n")) end)
         assert.has_error(function() kit.load(write("syntax.lua", "local x = = 1\n")) end)
     end)
+
+    it("gives the same bounds and isolation as the gateway: locked objects, own cjson, a ctx per request", function()
+        local route = kit.load(write("bounds.lua", [[
+local route = {}
+function route.on_request(req)
+    req.ctx.tenant = req:header("X-Tenant")
+    local ok = pcall(function() req.__index.json = function() return {} end end)
+    req:set_header("X-Index", ok and "reached" or "refused")
+    ok = pcall(function() rawset(req, "json", 1) end)
+    req:set_header("X-Rawset", ok and "done" or "refused")
+    require("cjson.safe").decode_max_depth(1)
+    req:set_header("X-Nested", req:json() and req:json().a and "yes" or "no")
+    local function f() return (("x"):gsub("x", f)) end
+    ok = pcall(f)
+    req:set_header("X-Gsub", ok and "ran" or "stopped")
+    ok = pcall(string.rep, 1234567890, 107374183)
+    req:set_header("X-Rep", ok and "ran" or "refused")
+end
+function route.classify(res, attempt)
+    return attempt.ctx.tenant == "A" and "accept" or "fail"
+end
+return route
+]]))
+        local req = kit.request{ method = "POST", path = "/", headers = { ["X-Tenant"] = "A" },
+            body = '{"a":{"b":1}}' }
+        route.on_request(req)
+        local up = kit.upstream(req)
+        assert.equal("refused", up["x-index"])
+        assert.equal("refused", up["x-rawset"])
+        assert.equal("yes", up["x-nested"])
+        assert.equal("stopped", up["x-gsub"])
+        assert.equal("refused", up["x-rep"])
+        assert.equal("accept", route.classify(kit.response{ status = 200 }, kit.attempt{ ctx = req.ctx }))
+        assert.equal("fail", route.classify(kit.response{ status = 200 }, kit.attempt{}))
+        assert.has_error(function() kit.attempt{}.number = 2 end)
+    end)
 end)

@@ -1,0 +1,189 @@
+-- Route scripts cannot reach each other (issue 20, findings 2 and 3): route A tampers with every object and
+-- library it can reach (the req/res method tables, rawset on them, cjson's configuration), route B keys
+-- payments from their JSON bodies and retries only what its classify says. B's answers, keys and retries
+-- must not change; the real binary, one worker, so both scripts live in one Lua state.
+package.path = "tests/e2e/?.lua;" .. package.path
+local H = require("helpers")
+local lfs = require("lfs")
+
+local function ctx(gw, extra)
+    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
+end
+
+local TAMPER = [[
+local route = {}
+local function try(name, f, out)
+    local ok = pcall(f)
+    out[#out + 1] = name .. "=" .. (ok and "done" or "refused")
+end
+function route.on_request(req)
+    local out = {}
+    try("index", function()
+        local methods = req.__index
+        methods.json = function() return { order_id = "X" } end
+    end, out)
+    try("metatable", function()
+        local mt = getmetatable(req)
+        mt.__index.json = function() return { order_id = "X" } end
+    end, out)
+    try("rawset", function() rawset(req, "json", function() return { order_id = "X" } end) end, out)
+    try("assign", function() req.json = function() return { order_id = "X" } end end, out)
+    try("setmetatable", function() setmetatable(req, {}) end, out)
+    try("cjson", function() require("cjson.safe").decode_max_depth(1) require("cjson").decode_max_depth(1) end, out)
+    req:set_header("X-Tamper", table.concat(out, ","))
+end
+function route.classify(res)
+    if res == nil then return nil end
+    pcall(function() res.__index.header = function() return "yes" end end)
+    pcall(function() rawset(res, "header", function() return "yes" end) end)
+    pcall(function() res.status = 200 end)
+end
+return route
+]]
+
+local PAYMENTS = [[
+local route = {}
+function route.on_request(req)
+    local body = req:json()
+    if type(body) == "table" and body.order and body.order.id then
+        req:set_idempotency_key("order-" .. body.order.id)
+    end
+    req:set_header("X-Nested", body and body.order and "yes" or "no")
+end
+function route.classify(res)
+    if res == nil then return nil end
+    if res.status == 503 and res:header("X-Retry") == "yes" then return "retry" end
+end
+return route
+]]
+
+local CTX = [[
+local route = {}
+function route.on_request(req)
+    req.ctx.tenant = req:header("X-Tenant")
+    req.ctx.seen = 1
+end
+function route.classify(res, attempt)
+    attempt.ctx.seen = (attempt.ctx.seen or 0) + 1
+    attempt.ctx.status = res and res.status
+end
+function route.on_log(ctx)
+    ricochet.log("info", "ctx-check", ctx.path, tostring(ctx.ctx.tenant), tostring(ctx.ctx.seen),
+        tostring(ctx.ctx.status))
+end
+return route
+]]
+
+local CONF = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    upstream up { server {{UPSTREAM}}; retry_budget off; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        retry_attempts 3;
+        retry_backoff 1ms 2ms;
+        retry_on connect_error;
+        location /a/ { script {{TAMPER}}; proxy_pass http://up; }
+        location /b/ { script {{PAYMENTS}}; idempotency_key on; proxy_pass http://up; }
+        location /c/ { script {{CTX}}; proxy_pass http://up; }
+    }
+}
+]]
+
+local sdir = os.tmpname()
+os.remove(sdir)
+assert(lfs.mkdir(sdir))
+
+describe("two route scripts in one worker", function()
+    local up, gw
+
+    setup(function()
+        up = H.start_upstream()
+        H.write_file(sdir .. "/tamper.lua", TAMPER)
+        H.write_file(sdir .. "/payments.lua", PAYMENTS)
+        H.write_file(sdir .. "/ctx.lua", CTX)
+        gw = H.start_gateway({ conf = CONF, upstream = up,
+            vars = { TAMPER = sdir .. "/tamper.lua", PAYMENTS = sdir .. "/payments.lua",
+                     CTX = sdir .. "/ctx.lua" } })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+        os.execute("rm -rf " .. H.shell_quote(sdir))
+    end)
+
+    before_each(function() up:reset() end)
+
+    local function pay(id)
+        return assert(H.request(gw.port, { method = "POST", path = "/b/pay",
+            headers = { { "Content-Type", "application/json" } },
+            body = '{"order":{"id":"' .. id .. '","amount":10}}' }))
+    end
+
+    it("refuses every reach into the gateway's objects, and route B keeps its own keys", function()
+        for _ = 1, 3 do
+            local r = assert(H.request(gw.port, { method = "POST", path = "/a/x", body = "{}" }))
+            assert.equal(200, r.status, ctx(gw))
+        end
+        local seen = H.hit_values(up:hits()[1], "X-Tamper")[1]
+        assert.equal("index=refused,metatable=refused,rawset=refused,assign=refused,"
+            .. "setmetatable=refused,cjson=done", seen, ctx(gw))
+        up:reset()
+        assert.equal(200, pay("123").status)
+        assert.equal(200, pay("456").status)
+        local hits = up:hits()
+        assert.equal(2, #hits, ctx(gw))
+        -- B's nested body still decodes (A's decode_max_depth(1) was A's own), and its keys differ
+        assert.same({ "yes" }, H.hit_values(hits[1], "X-Nested"))
+        assert.same({ "order-123" }, H.hit_values(hits[1], "Idempotency-Key"))
+        assert.same({ "order-456" }, H.hit_values(hits[2], "Idempotency-Key"))
+    end)
+
+    it("leaves route B's retries to B's classify after A patched res", function()
+        up:program({ default = { status = 503, body = "busy" } })
+        -- A's classify runs (and tampers) first
+        assert(H.request(gw.port, { method = "GET", path = "/a/x" }))
+        up:reset()
+        up:program({ default = { status = 503, body = "busy" } })
+        local r = assert(H.request(gw.port, { method = "GET", path = "/b/x" }))
+        assert.equal(503, r.status)
+        assert.equal(1, #up:hits(), ctx(gw, "B retried a 503 without X-Retry: yes"))
+        up:reset()
+        up:program({ default = { status = 503, headers = { ["X-Retry"] = "yes" }, body = "busy" } })
+        r = assert(H.request(gw.port, { method = "GET", path = "/b/x" }))
+        assert.equal(3, #up:hits(), ctx(gw, "B's own classify no longer retries"))
+    end)
+
+    it("gives each request its own ctx, the same table from on_request through classify to on_log", function()
+        up:program({ default = { status = 201, body = "ok", delay_ms = 150 } })
+        -- 12 requests of two tenants in flight at once, so their hooks interleave in the one worker
+        local conns = {}
+        for i = 1, 12 do
+            local tenant = i % 2 == 0 and "A" or "B"
+            local c = assert(H.connect(gw.port))
+            assert(c:send(H.build_request(gw.port, { method = "GET", path = "/c/" .. tenant .. "-" .. i,
+                headers = { { "X-Tenant", tenant } } })))
+            conns[i] = c
+        end
+        for i, c in ipairs(conns) do
+            local r = c:read_response({ timeout = 10 })
+            assert.truthy(r and r.status == 201, ctx(gw, "request " .. i))
+            c:close()
+        end
+        local ok = H.wait_until(function()
+            local _, n = gw:log():gsub("ctx%-check", "")
+            return n >= 12
+        end, 5)
+        assert.truthy(ok, ctx(gw, "on_log did not run 12 times"))
+        local n = 0
+        for path, tenant, seen, status in gw:log():gmatch("ctx%-check (/c/%S+) (%S+) (%S+) (%S+)") do
+            n = n + 1
+            assert.equal(path:match("^/c/(%a)%-"), tenant, "a request logged as another tenant: " .. path)
+            assert.equal("2", seen, path .. ": on_request's table did not reach classify")
+            assert.equal("201", status, path)
+        end
+        assert.equal(12, n, ctx(gw))
+    end)
+end)
