@@ -106,6 +106,84 @@ local function uuid()
     return s:sub(1, 8) .. "-" .. s:sub(9, 12) .. "-" .. s:sub(13, 16) .. "-" .. s:sub(17, 20) .. "-" .. s:sub(21)
 end
 
+-- The hook a route loaded with kit.load is running (nil: none, a spec calling methods directly): only
+-- on_request may change the request, as in the gateway.
+local running_hook
+
+local function in_on_request(what)
+    if running_hook ~= nil and running_hook ~= "on_request" then
+        error(("%s can only be called in on_request"):format(what), 4)
+    end
+end
+
+-- Retry-After as the gateway reads it (core/retry_after.c, rule for rule): delay-seconds, or an HTTP-date
+-- in any of its three forms (IMF-fixdate, RFC 850 with its two-digit year resolved into the 100 years
+-- around now, asctime), spaces and tabs around it trimmed; milliseconds from now (0 for a past date), or
+-- nil when it is none of them.
+local MONTHS = { Jan = 1, Feb = 2, Mar = 3, Apr = 4, May = 5, Jun = 6, Jul = 7, Aug = 8, Sep = 9, Oct = 10,
+    Nov = 11, Dec = 12 }
+local WDAY_SHORT = { Sun = true, Mon = true, Tue = true, Wed = true, Thu = true, Fri = true, Sat = true }
+local WDAY_LONG = { Sunday = true, Monday = true, Tuesday = true, Wednesday = true, Thursday = true,
+    Friday = true, Saturday = true }
+
+local function days_from_civil(y, m, d)
+    local a = m <= 2 and 1 or 0
+    local yy, mm = y - a, m + 12 * a - 3
+    local era = math.floor(yy / 400)
+    local yoe = yy - era * 400
+    local doy = math.floor((153 * mm + 2) / 5) + d - 1
+    local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+    return era * 146097 + doe - 719468
+end
+
+local function days_in_month(y, m)
+    if m == 2 then
+        local leap = (y % 4 == 0 and y % 100 ~= 0) or y % 400 == 0
+        return leap and 29 or 28
+    end
+    return ({ 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 })[m]
+end
+
+function kit.retry_after_ms(v, now)
+    if type(v) ~= "string" then return nil end
+    v = v:match("^[ \t]*(.-)[ \t]*$")
+    if v == "" then return nil end
+    if v:match("^%d") then
+        if not v:match("^%d+$") then return nil end
+        local n = tonumber(v)
+        if #v:gsub("^0+", "") > 15 or n > 9223372036854775 then return nil end
+        return n * 1000
+    end
+    local wd, rest = v:match("^(%a+)(.*)$")
+    local d, mon, y, hh, mi, ss
+    if WDAY_LONG[wd] then
+        local yy
+        d, mon, yy, hh, mi, ss = rest:match("^, (%d%d)%-(%a%a%a)%-(%d%d) (%d%d):(%d%d):(%d%d) GMT$")
+        if not d then return nil end
+        local this_year = tonumber(os.date("!%Y", now))
+        y = this_year - this_year % 100 + tonumber(yy)
+        if y > this_year + 50 then y = y - 100 elseif y <= this_year - 50 then y = y + 100 end
+    elseif WDAY_SHORT[wd] then
+        if rest:sub(1, 1) == "," then
+            d, mon, y, hh, mi, ss = rest:match("^, (%d%d) (%a%a%a) (%d%d%d%d) (%d%d):(%d%d):(%d%d) GMT$")
+        else
+            mon, d, hh, mi, ss, y = rest:match("^ (%a%a%a) ([ %d]%d) (%d%d):(%d%d):(%d%d) (%d%d%d%d)$")
+            if d and d:sub(1, 1) == " " then d = d:sub(2) end
+        end
+        if not d then return nil end
+        y = tonumber(y)
+    else
+        return nil
+    end
+    local m = MONTHS[mon]
+    d, hh, mi, ss = tonumber(d), tonumber(hh), tonumber(mi), tonumber(ss)
+    if not m or not d or d < 1 or d > days_in_month(y, m) or hh > 23 or mi > 59 then return nil end
+    if ss == 60 and hh == 23 and mi == 59 then ss = 59 elseif ss > 59 then return nil end
+    local t = days_from_civil(y, m, d) * 86400 + hh * 3600 + mi * 60 + ss
+    if t <= now then return 0 end
+    return (t - now) * 1000
+end
+
 -- One binding per object: st holds what the gateway would hold for that request or response.
 local function binding(st)
     local B = {}
@@ -115,6 +193,7 @@ local function binding(st)
         return st.headers[n]
     end
     function B.req_set_header(name, value)
+        in_on_request("req:set_header")
         if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
             error(('req:set_header: "%s" is not a valid field name'):format(name), 3)
         end
@@ -130,6 +209,7 @@ local function binding(st)
     end
     function B.req_body() return st.body end
     function B.req_set_idempotency_key(key)
+        in_on_request("req:set_idempotency_key")
         if #key > 255 or key:find("[%z\1-\8\10-\31\127]") then
             error("req:set_idempotency_key: a key is 1 to 255 printable characters", 3)
         end
@@ -143,6 +223,7 @@ local function binding(st)
         return st.headers[st.key_header:lower()]
     end
     function B.req_respond(status, list, body)
+        in_on_request("req:respond")
         local headers = {}
         if (status == 204 or status == 304) and #body > 0 then
             error(("req:respond: a %d has no body"):format(status), 3)
@@ -162,25 +243,14 @@ local function binding(st)
     end
     function B.res_header(name) return st.headers[name:lower()] end
     function B.res_retry_after()
-        local v = st.headers["retry-after"]
-        if v == nil then return nil end
-        if v:match("^%d+$") then return tonumber(v) end
-        -- an IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT", as seconds from now (never negative)
-        local d, mon, y, hh, mm, ss = v:match("^%a%a%a, (%d%d) (%a%a%a) (%d%d%d%d) (%d%d):(%d%d):(%d%d) GMT$")
-        local months = { Jan = 1, Feb = 2, Mar = 3, Apr = 4, May = 5, Jun = 6, Jul = 7, Aug = 8, Sep = 9,
-            Oct = 10, Nov = 11, Dec = 12 }
-        local m = months[mon or ""]
-        if not m then return nil end
-        y, d = tonumber(y), tonumber(d)
-        -- days from the civil date (proleptic Gregorian), no time zone involved
-        local a = m <= 2 and 1 or 0
-        local yy, mmm = y - a, m + 12 * a - 3
-        local days = d + math.floor((153 * mmm + 2) / 5) + 365 * yy + math.floor(yy / 4)
-            - math.floor(yy / 100) + math.floor(yy / 400) - 719469
-        local t = days * 86400 + tonumber(hh) * 3600 + tonumber(mm) * 60 + tonumber(ss)
-        return math.max(0, t - os.time())
+        local ms = kit.retry_after_ms(st.headers["retry-after"], os.time())
+        return ms and ms / 1000 or nil
     end
-    function B.res_body() return st.body end
+    function B.res_body()
+        -- as the gateway: only a body of at most classify_body_max is read for classify
+        if st.body == nil or #st.body > (st.classify_body_max or 0) then return nil end
+        return st.body
+    end
     B.uuid = uuid
     B.sha256 = kit.sha256
     B.hmac_sha256 = kit.hmac_sha256
@@ -209,10 +279,11 @@ function kit.request(t)
     return req
 end
 
--- kit.response{ status = 200, headers = { Name = "value" }, body = nil } -> res
+-- kit.response{ status = 200, headers = { Name = "value" }, body = nil, classify_body_max = 0 } -> res;
+-- as in the gateway, res:body() has the body only when it is at most classify_body_max (the location's)
 function kit.response(t)
     t = t or {}
-    local st = { headers = lower_map(t.headers), body = t.body }
+    local st = { headers = lower_map(t.headers), body = t.body, classify_body_max = t.classify_body_max }
     local api = make_api(binding(st))
     local res = api.res
     api.res_fields.status = t.status or 200
@@ -256,7 +327,19 @@ function kit.load(path)
     local route = chunk()
     local ok, why = sandbox.check(path, route)
     if not ok then error(why, 2) end
-    return route
+    -- each hook knows it runs, so the binding applies the gateway's rule of which hook may change what
+    local hooks = {}
+    for name, fn in pairs(route) do
+        hooks[name] = function(...)
+            local outer = running_hook
+            running_hook = name
+            local results = { pcall(fn, ...) }
+            running_hook = outer
+            if not results[1] then error(results[2], 0) end
+            return unpack(results, 2, table.maxn(results))
+        end
+    end
+    return hooks
 end
 
 return kit

@@ -55,11 +55,14 @@ describe("the test kit", function()
     end)
 
     it("builds res and attempt", function()
-        local res = kit.response{ status = 429, headers = { ["Retry-After"] = "3" }, body = '{"e":1}' }
+        local res = kit.response{ status = 429, headers = { ["Retry-After"] = "3" }, body = '{"e":1}',
+            classify_body_max = 4096 }
         assert.equal(429, res.status)
         assert.equal(3, res:retry_after())
         assert.equal("3", res:header("retry-after"))
         assert.equal(1, res:json().e)
+        assert.is_nil(kit.response{ status = 200, body = '{"e":1}' }:body(), "no classify_body_max: no body")
+        assert.is_nil(kit.response{ status = 200, body = '{"e":1}', classify_body_max = 3 }:body())
         local a = kit.attempt{ number = 2, class = "timeout" }
         assert.equal(2, a.number)
         assert.equal("timeout", a.class)
@@ -133,5 +136,36 @@ return route
         assert.equal("accept", route.classify(kit.response{ status = 200 }, kit.attempt{ ctx = req.ctx }))
         assert.equal("fail", route.classify(kit.response{ status = 200 }, kit.attempt{}))
         assert.has_error(function() kit.attempt{}.number = 2 end)
+    end)
+
+    it("reads Retry-After as the gateway does, in all three HTTP-date forms", function()
+        local now = 784111777 -- Sun, 06 Nov 1994 08:49:37 GMT
+        assert.equal(3000, kit.retry_after_ms("3", now))
+        assert.equal(3000, kit.retry_after_ms(" \t3\t", now))
+        assert.equal(10000, kit.retry_after_ms("Sun, 06 Nov 1994 08:49:47 GMT", now))
+        assert.equal(10000, kit.retry_after_ms("Sunday, 06-Nov-94 08:49:47 GMT", now))
+        assert.equal(10000, kit.retry_after_ms("Sun Nov  6 08:49:47 1994", now))
+        assert.equal(0, kit.retry_after_ms("Sun, 06 Nov 1994 08:00:00 GMT", now))
+        assert.equal(0, kit.retry_after_ms("Sun, 06 Nov 1994 23:59:60 GMT", now) and 0)
+        for _, bad in ipairs({ "", "3s", "-1", "1.5", "Sun, 31 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:60 GMT",
+                               "Sun, 06 Nov 1994 08:49:37 UTC", "sun, 06 Nov 1994 08:49:37 GMT", "99999999999999999999" }) do
+            assert.is_nil(kit.retry_after_ms(bad, now), bad)
+        end
+    end)
+
+    it("refuses in classify what the gateway refuses there: changing the request", function()
+        local route = kit.load(write("phases.lua", [[
+local route = {}
+local kept
+function route.on_request(req) kept = req req:set_header("X-Seen", "1") end
+function route.classify(res) kept:set_header("X-Late", "1") end
+return route
+]]))
+        local req = kit.request{}
+        route.on_request(req)
+        assert.equal("1", kit.upstream(req)["x-seen"])
+        local ok, err = pcall(route.classify, kit.response{ status = 503 }, kit.attempt{})
+        assert.is_false(ok)
+        assert.matches("req:set_header can only be called in on_request", err)
     end)
 end)
