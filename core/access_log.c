@@ -214,6 +214,23 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
         put_lit(&o, ",\"not_retried\":");
         put_json_cstr(&o, e->not_retried);
     }
+    for (i = 0; i < e->nscript; i++) {
+        if (i == 0) {
+            put_lit(&o, ",\"script\":{");
+        } else {
+            put_lit(&o, ",");
+        }
+        put_json_cstr(&o, e->script[i].name);
+        put_lit(&o, ":");
+        if (e->script[i].quoted) {
+            put_json(&o, (const u_char *) e->script[i].text, e->script[i].len);
+        } else {
+            put(&o, e->script[i].text, e->script[i].len);
+        }
+    }
+    if (e->nscript > 0) {
+        put_lit(&o, "}");
+    }
     put_lit(&o, "}");
     if (o.p >= o.end) {
         /* cut short: still one line, and the reader sees it is not JSON */

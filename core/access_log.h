@@ -16,6 +16,17 @@ typedef struct {
 
 #define RIC_MAX_ATTEMPTS 32 /* logged in full; longer schedules keep the first and the last */
 
+/* A field a route script's on_log added (ctx:set), under "script". */
+typedef struct {
+    const char *name;
+    const char *text;   /* a string's bytes, or a number's or boolean's JSON */
+    size_t len;
+    int quoted;         /* a string: escaped and quoted as JSON */
+} ric_script_field_t;
+
+#define RIC_MAX_SCRIPT_FIELDS 16
+#define RIC_SCRIPT_FIELDS_BYTES 2048 /* names and values together */
+
 typedef struct {
     const char *client;
     ric_str_t method;
@@ -30,6 +41,9 @@ typedef struct {
     int attempts_total; /* attempts made, when more than were kept */
     const char *not_retried; /* why the last attempt's failure was final; NULL */
     const char *idempotency; /* what the idempotency store did (idem.c); NULL */
+    ric_script_field_t script[RIC_MAX_SCRIPT_FIELDS]; /* on_log's ctx:set, in order */
+    int nscript;
+    size_t script_bytes;
 } ric_access_entry_t;
 
 /* Opens every access log of conf (done by the master, so workers inherit

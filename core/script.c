@@ -10,7 +10,9 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <ctype.h>
 #include <malloc.h>
+#include <math.h>
 
 /*
  * The state is made by the first `script` directive, in the process that
@@ -436,6 +438,81 @@ log_failure(const ric_script_t *s, const char *hook, const ric_request_t *r)
                   error_text(), r->c->peer);
 }
 
+/* --- on_log's ctx:set: fields of the script's own in the access log line ----------- */
+
+static ric_request_t *log_request; /* the request whose on_log runs */
+
+/* ctx:set(name, value): name 1 to 64 of [A-Za-z0-9_.-], value a string (up
+ * to 256 bytes), a number or a boolean; at most RIC_MAX_SCRIPT_FIELDS
+ * fields and RIC_SCRIPT_FIELDS_BYTES in all; setting a name again replaces it. */
+static int
+l_ctx_set(lua_State *l)
+{
+    ric_request_t *r = log_request;
+    ric_access_entry_t *e;
+    ric_script_field_t *f = NULL;
+    const char *name, *text, *p;
+    char num[32];
+    size_t nlen, len;
+    int i, quoted = 0;
+
+    if (r == NULL) {
+        return luaL_error(l, "ctx:set can only be called in on_log");
+    }
+    e = &r->log;
+    name = luaL_checklstring(l, 2, &nlen);
+    for (p = name; *p && (isalnum((unsigned char) *p) || strchr("_.-", *p)); p++) {
+    }
+    if (nlen == 0 || nlen > 64 || (size_t) (p - name) != nlen) {
+        return luaL_error(l, "ctx:set: a name is 1 to 64 letters, digits, '_', '.' or '-'");
+    }
+    switch (lua_type(l, 3)) {
+    case LUA_TSTRING:
+        text = lua_tolstring(l, 3, &len);
+        if (len > 256) {
+            return luaL_error(l, "ctx:set: a string value is at most 256 bytes");
+        }
+        quoted = 1;
+        break;
+    case LUA_TNUMBER:
+        if (!isfinite(lua_tonumber(l, 3))) {
+            return luaL_error(l, "ctx:set: a number must be finite (JSON has no inf or nan)");
+        }
+        len = (size_t) snprintf(num, sizeof(num), "%.14g", lua_tonumber(l, 3));
+        text = num;
+        break;
+    case LUA_TBOOLEAN:
+        text = lua_toboolean(l, 3) ? "true" : "false";
+        len = strlen(text);
+        break;
+    default:
+        return luaL_error(l, "ctx:set: a value is a string, a number or a boolean, not a %s",
+                          luaL_typename(l, 3));
+    }
+    for (i = 0; i < e->nscript; i++) {
+        if (strcmp(e->script[i].name, name) == 0) {
+            f = &e->script[i];
+            e->script_bytes -= strlen(f->name) + f->len;
+        }
+    }
+    if (f == NULL && e->nscript == RIC_MAX_SCRIPT_FIELDS) {
+        return luaL_error(l, "ctx:set: at most %d fields", RIC_MAX_SCRIPT_FIELDS);
+    }
+    if (e->script_bytes + nlen + len > RIC_SCRIPT_FIELDS_BYTES) {
+        return luaL_error(l, "ctx:set: the script's fields are over %d bytes",
+                          RIC_SCRIPT_FIELDS_BYTES);
+    }
+    if (f == NULL) {
+        f = &e->script[e->nscript++];
+        f->name = ric_pstrndup(r->pool, name, nlen);
+    }
+    f->text = ric_pstrndup(r->pool, text, len);
+    f->len = len;
+    f->quoted = quoted;
+    e->script_bytes += nlen + len;
+    return 0;
+}
+
 /* --- the per-request context --------------------------------------------------- */
 
 static void
@@ -703,11 +780,15 @@ ric_script_log_cleanup(void *data)
     lua_setfield(L, -2, "attempts");
     push_ctx(r);
     lua_setfield(L, -2, "ctx");
+    lua_pushcfunction(L, l_ctx_set);
+    lua_setfield(L, -2, "set");
 
     /* no current request: req and res kept from earlier hooks change nothing now */
+    log_request = r;
     if (call(1, 0) != 0) {
         log_failure(s, "on_log", r);
     }
+    log_request = NULL;
     lua_settop(L, top);
     ctx_unref(r);
 }

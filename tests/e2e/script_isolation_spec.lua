@@ -70,6 +70,14 @@ end
 function route.on_log(ctx)
     ricochet.log("info", "ctx-check", ctx.path, tostring(ctx.ctx.tenant), tostring(ctx.ctx.seen),
         tostring(ctx.ctx.status))
+    ctx:set("tenant", ctx.ctx.tenant)
+    ctx:set("attempts", #ctx.attempts)
+    ctx:set("cached", false)
+    ctx:set("cached", true) -- set again: replaced
+    local ok = pcall(ctx.set, ctx, "bad name!", 1)
+    ctx:set("bad_name_refused", not ok)
+    ok = pcall(ctx.set, ctx, "table", {})
+    ctx:set("table_refused", not ok)
 end
 return route
 ]]
@@ -78,6 +86,7 @@ local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
+    access_log logs/access.log;
     upstream up { server {{UPSTREAM}}; retry_budget off; }
     server {
         listen 127.0.0.1:{{PORT}};
@@ -185,5 +194,19 @@ describe("two route scripts in one worker", function()
             assert.equal("201", status, path)
         end
         assert.equal(12, n, ctx(gw))
+        -- and ctx:set put the tenant in each request's own access log line, under "script"
+        local f = assert(io.open(gw.prefix .. "/logs/access.log", "r"))
+        local lines = f:read("*a")
+        f:close()
+        local logged = 0
+        for line in lines:gmatch("[^\n]+") do
+            local e = H.json.decode(line)
+            if e.path and e.path:match("^/c/") then
+                logged = logged + 1
+                assert.same({ tenant = e.path:match("^/c/(%a)%-"), attempts = 1, cached = true,
+                    bad_name_refused = true, table_refused = true }, e.script, line)
+            end
+        end
+        assert.equal(12, logged, lines)
     end)
 end)
