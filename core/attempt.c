@@ -156,6 +156,8 @@ setup(ric_request_t *r)
             r->replay_safe = 1;
         }
     }
+    r->key_no_contract = !r->replay_safe && r->script_key != NULL
+                         && s->idempotency_key == RIC_IDEMPOTENCY_OFF && r->script_idempotent == 0;
     r->body_replayable = r->body_mode != RIC_REQ_BODY_STREAM
                          && ric_body_size(&r->body) <= (uint64_t) s->retry_body_max;
 
@@ -573,6 +575,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     in.status = status;
     in.attempt = u->number;
     in.replay_safe = r->replay_safe;
+    in.key_no_contract = r->key_no_contract;
     in.body_replayable = r->body_replayable;
     in.now_ms = now;
     in.deadline_ms = r->deadline_ms;
@@ -597,6 +600,15 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     record_attempt(r, u, ric_retry_class_name(class), status);
     a->prev_peer = h->peer;
 
+    if (d.reason == RIC_RETRY_KEY_NO_CONTRACT && !r->location->warned_key_contract) {
+        /* once per location and worker: the author's fix is one directive */
+        r->location->warned_key_contract = 1;
+        ric_log_error(RIC_LOG_WARN, 0, "route script %s set an idempotency key, but location \"%s\" "
+                      "(%s:%d) has no idempotency_key on|auto, so its unsafe requests are not "
+                      "retried: add \"idempotency_key on;\" if its upstream honours keys",
+                      r->location->refs.script ? r->location->refs.script->path : "?",
+                      r->location->path, r->location->file, r->location->line);
+    }
     if (d.retry) {
         ric_log_error(RIC_LOG_WARN, 0, "retrying after %s %d%s: attempt %d%s%lld in %lldms, "
                       "client: %s, upstream: %s", ric_retry_class_name(class), status,

@@ -166,6 +166,7 @@ struct ric_location_conf_s {
     ric_upstream_conf_t *upstream; /* proxy_pass target; NULL: none */
     char *proxy_pass;              /* as written (without the scheme), for errors */
     int proxy_tls;                 /* proxy_pass https:// */
+    int warned_key_contract;       /* this process said once that a script key lacks the contract */
     const char *proxy_pass_file;
     int proxy_pass_line;
     ric_location_conf_t *next;

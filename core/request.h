@@ -86,6 +86,7 @@ struct ric_request_s {
     int64_t deadline_ms;      /* monotonic */
     int64_t deadline_span_ms; /* min(retry_timeout, the client's own) */
     int replay_safe;
+    int key_no_contract;      /* its script's key makes nothing safe: no key contract */
     int body_replayable;
     char minted_key[40];      /* idempotency_key auto: one key for every attempt */
     ric_header_edit_t *edits; /* header edits for the upstream (scripts) */

@@ -153,7 +153,7 @@ ric_retry_reason_name(ric_retry_reason_t reason)
     static const char *const names[] = {
         "retry", "retries_off", "response_started", "final_status", "class_not_retried",
         "unsafe_method", "body_not_replayable", "attempts_exhausted", "deadline",
-        "budget", "shutting_down"
+        "budget", "shutting_down", "key_without_contract"
     };
 
     return (size_t) reason < ric_nelems(names) ? names[reason] : "unknown";
@@ -187,7 +187,7 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     /* DESIGN §1.1: an unsafe request is repeated only when it provably
      * never reached the upstream */
     if (!in->replay_safe && in->class != RIC_CLASS_CONNECT_ERROR) {
-        return no(RIC_RETRY_UNSAFE);
+        return no(in->key_no_contract ? RIC_RETRY_KEY_NO_CONTRACT : RIC_RETRY_UNSAFE);
     }
     if (!in->body_replayable) {
         return no(RIC_RETRY_BODY_NOT_KEPT);

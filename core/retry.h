@@ -42,6 +42,8 @@ typedef struct {
     int attempt;           /* that attempt's number, from 1 */
     int replay_safe;       /* idempotent method, a key under an idempotency
                             * contract, or marked safe by the route */
+    int key_no_contract;   /* not replay-safe, though its script set a key: the
+                            * route lacks idempotency_key on|auto */
     int body_replayable;   /* the whole body is held for replay */
     int response_started;  /* a byte of this request's answer reached the client */
     int has_retry_after;   /* a valid Retry-After came with the response */
@@ -65,7 +67,9 @@ typedef enum {
     RIC_RETRY_ATTEMPTS,         /* "attempts_exhausted" */
     RIC_RETRY_DEADLINE,         /* "deadline": the wait would end past the deadline */
     RIC_RETRY_BUDGET,           /* "budget": the retry budget refused it */
-    RIC_RETRY_SHUTDOWN          /* "shutting_down": the worker is stopping */
+    RIC_RETRY_SHUTDOWN,         /* "shutting_down": the worker is stopping */
+    RIC_RETRY_KEY_NO_CONTRACT   /* "key_without_contract": unsafe, its script set a key, and the
+                                 * route has no idempotency_key on|auto */
 } ric_retry_reason_t;
 
 typedef struct {

@@ -82,6 +82,12 @@ end
 return route
 ]]
 
+local KEYED = [[
+local route = {}
+function route.on_request(req) req:set_idempotency_key("order-1") end
+return route
+]]
+
 local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
@@ -96,6 +102,7 @@ http {
         location /a/ { script {{TAMPER}}; proxy_pass http://up; }
         location /b/ { script {{PAYMENTS}}; idempotency_key on; proxy_pass http://up; }
         location /c/ { script {{CTX}}; proxy_pass http://up; }
+        location /k/ { script {{KEYED}}; retry_on 503; proxy_pass http://up; }
     }
 }
 ]]
@@ -112,9 +119,10 @@ describe("two route scripts in one worker", function()
         H.write_file(sdir .. "/tamper.lua", TAMPER)
         H.write_file(sdir .. "/payments.lua", PAYMENTS)
         H.write_file(sdir .. "/ctx.lua", CTX)
+        H.write_file(sdir .. "/keyed.lua", KEYED)
         gw = H.start_gateway({ conf = CONF, upstream = up,
             vars = { TAMPER = sdir .. "/tamper.lua", PAYMENTS = sdir .. "/payments.lua",
-                     CTX = sdir .. "/ctx.lua" } })
+                     CTX = sdir .. "/ctx.lua", KEYED = sdir .. "/keyed.lua" } })
     end)
 
     teardown(function()
@@ -208,5 +216,22 @@ describe("two route scripts in one worker", function()
             end
         end
         assert.equal(12, logged, lines)
+    end)
+
+    it("tells the author when a script's key lacks the route's key contract", function()
+        up:program({ default = { status = 503, body = "busy" } })
+        for _ = 1, 2 do
+            local r = assert(H.request(gw.port, { method = "POST", path = "/k/pay", body = "{}" }))
+            assert.equal(503, r.status)
+        end
+        assert.equal(2, #up:hits(), ctx(gw, "a POST without the key contract was retried"))
+        local f = assert(io.open(gw.prefix .. "/logs/access.log", "r"))
+        local lines = f:read("*a")
+        f:close()
+        local _, reasons = lines:gsub('"path":"/k/pay"[^\n]*"not_retried":"key_without_contract"', "")
+        assert.equal(2, reasons, lines)
+        local _, warnings = gw:log():gsub('has no idempotency_key on|auto, so its unsafe requests are not retried: '
+            .. 'add "idempotency_key on;"', "")
+        assert.equal(1, warnings, ctx(gw, "the warning is said once"))
     end)
 end)

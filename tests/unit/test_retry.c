@@ -158,6 +158,14 @@ main(void)
     UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "retries_off");
     ric_retry_killed = 0;
 
+    UNIT_CASE("an unsafe request keyed by its script on a route without the key contract says so");
+    in = input();
+    in.replay_safe = 0;
+    in.key_no_contract = 1;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "key_without_contract");
+    in.key_no_contract = 0;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "unsafe_method");
+
     UNIT_CASE("a final answer is final whatever the kill switch says (what the store keeps)");
     in = input();
     in.status = 200;
