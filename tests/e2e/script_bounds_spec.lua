@@ -154,7 +154,13 @@ describe("a hostile route script", function()
         attack("/concat")
         assert.truthy(gw:log():find("more memory than script_memory_max allows", 1, true), ctx(gw))
         local after = assert(rss_kb(worker))
-        assert.truthy(after - base < 10 * 1024, ("worker RSS %d KiB before, %d KiB after"):format(base, after))
+        -- AddressSanitizer's allocator keeps freed memory in quarantine: only a plain build can show it back
+        local f = assert(io.open(H.bin(), "rb"))
+        local sanitized = f:read("*a"):find("__asan_", 1, true) ~= nil
+        f:close()
+        if not sanitized then
+            assert.truthy(after - base < 10 * 1024, ("worker RSS %d KiB before, %d KiB after"):format(base, after))
+        end
     end)
 end)
 
