@@ -593,6 +593,8 @@ ric_script_on_request(ric_request_t *r)
     set_raw("query");
     lua_pushnil(L);
     set_raw("idempotent");
+    lua_pushstring(L, r->c->peer_ip);
+    set_raw("client");
     push_ctx(r);
     set_raw("ctx");
     lua_pop(L, 1); /* the fields: the proxy stays, as the argument */

@@ -7,6 +7,7 @@
 #include "retry_after.h"
 #include "script.h"
 
+#include <ctype.h>
 #include <lauxlib.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -178,6 +179,46 @@ req_header(lua_State *L)
         return 1;
     }
     push_str(L, ric_headers_find(r->c->in, r->msg, name));
+    return 1;
+}
+
+/* Every field the client sent: lowercase name -> value, or a list of the
+ * values when the name repeats (in order). */
+static int
+req_headers(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    const ric_http_msg_t *m = r->msg;
+    ric_str_t name, value;
+    char lower[256];
+    unsigned i;
+    size_t k;
+
+    lua_createtable(L, 0, (int) m->nfields);
+    for (i = 0; i < m->nfields; i++) {
+        name = ric_field_name(r->c->in, m, i);
+        value = ric_field_value(r->c->in, m, i);
+        for (k = 0; k < name.len && k < sizeof(lower); k++) {
+            lower[k] = (char) tolower(name.data[k]);
+        }
+        lua_pushlstring(L, lower, k);                          /* t name */
+        lua_pushvalue(L, -1);                                  /* t name name */
+        lua_rawget(L, -3);                                     /* t name old */
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);                                     /* t name */
+            push_str(L, value);                                /* t name value */
+        } else if (lua_isstring(L, -1)) {
+            lua_createtable(L, 2, 0);                          /* t name old list */
+            lua_insert(L, -2);                                 /* t name list old */
+            lua_rawseti(L, -2, 1);                             /* t name list */
+            push_str(L, value);
+            lua_rawseti(L, -2, 2);
+        } else {
+            push_str(L, value);                                /* t name list value */
+            lua_rawseti(L, -2, (int) lua_objlen(L, -2) + 1);   /* t name list */
+        }
+        lua_rawset(L, -3);                                     /* t */
+    }
     return 1;
 }
 
@@ -476,7 +517,7 @@ ric_script_api_push(lua_State *L)
 {
     static const luaL_Reg fns[] = {
         { "req_header", req_header }, { "req_set_header", req_set_header },
-        { "req_body", req_body }, { "req_set_idempotency_key", req_set_idempotency_key },
+        { "req_body", req_body }, { "req_headers", req_headers }, { "req_set_idempotency_key", req_set_idempotency_key },
         { "req_idempotency_key", req_idempotency_key }, { "req_respond", req_respond },
         { "res_header", res_header }, { "res_retry_after", res_retry_after },
         { "res_body", res_body }, { "uuid", uuid }, { "sha256", sha256 },

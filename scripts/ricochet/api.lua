@@ -5,6 +5,7 @@
 --   B.req_header(name)                  -> string | nil   (case-insensitive; the first value)
 --   B.req_set_header(name, value|nil)
 --   B.req_body()                        -> string | nil   (nil: no body, or streamed)
+--   B.req_headers()                     -> { name (lowercase) = value | { value, ... } } (the client's)
 --   B.req_set_idempotency_key(key)      B.req_idempotency_key() -> string | nil
 --   B.req_respond(status, headers, body)
 --   B.res_header(name)                  -> string | nil
@@ -74,6 +75,35 @@ return function(B)
 
     function Req:body()
         return B.req_body()
+    end
+
+    function Req:headers()
+        return B.req_headers()
+    end
+
+    -- the query, decoded: name -> value ("+" is a space, %XX a byte), true for a name without "=", a list
+    -- when a name repeats; at most 100 arguments, as OpenResty's default
+    local function unescape(v)
+        return (v:gsub("+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+    end
+
+    function Req:args()
+        local out, n = {}, 0
+        for pair in (self.query or ""):gmatch("[^&]+") do
+            n = n + 1
+            if n > 100 then break end
+            local k, v = pair:match("^([^=]*)=(.*)$")
+            if k then k, v = unescape(k), unescape(v) else k, v = unescape(pair), true end
+            local old = out[k]
+            if old == nil then
+                out[k] = v
+            elseif type(old) == "table" then
+                old[#old + 1] = v
+            else
+                out[k] = { old, v }
+            end
+        end
+        return out
     end
 
     function Req:json()

@@ -208,6 +208,11 @@ local function binding(st)
         end
     end
     function B.req_body() return st.body end
+    function B.req_headers()
+        local out = {}
+        for k, v in pairs(st.headers) do out[k] = v end
+        return out
+    end
     function B.req_set_idempotency_key(key)
         in_on_request("req:set_idempotency_key")
         if #key > 255 or key:find("[%z\1-\8\10-\31\127]") then
@@ -275,6 +280,7 @@ function kit.request(t)
     local req, fields = api.req, api.req_fields
     fields.method, fields.path, fields.query = t.method or "GET", t.path or "/", t.query or ""
     fields.ctx = t.ctx or {}
+    fields.client = t.client or "127.0.0.1"
     states[req] = st
     return req
 end

@@ -82,6 +82,18 @@ end
 return route
 ]]
 
+local VIEW = [[
+local route = {}
+function route.on_request(req)
+    local h, a = req:headers(), req:args()
+    req:set_header("X-Client", req.client)
+    req:set_header("X-Tags", type(h["x-tag"]) == "table" and table.concat(h["x-tag"], ",") or tostring(h["x-tag"]))
+    req:set_header("X-Args", ("%s|%s|%s|%s"):format(a.q, tostring(a.flag), type(a.r) == "table" and
+        table.concat(a.r, ",") or "?", tostring(a["s p"])))
+end
+return route
+]]
+
 local KEYED = [[
 local route = {}
 function route.on_request(req) req:set_idempotency_key("order-1") end
@@ -103,6 +115,7 @@ http {
         location /b/ { script {{PAYMENTS}}; idempotency_key on; proxy_pass http://up; }
         location /c/ { script {{CTX}}; proxy_pass http://up; }
         location /k/ { script {{KEYED}}; retry_on 503; proxy_pass http://up; }
+        location /v/ { script {{VIEW}}; proxy_pass http://up; }
     }
 }
 ]]
@@ -120,9 +133,11 @@ describe("two route scripts in one worker", function()
         H.write_file(sdir .. "/payments.lua", PAYMENTS)
         H.write_file(sdir .. "/ctx.lua", CTX)
         H.write_file(sdir .. "/keyed.lua", KEYED)
+        H.write_file(sdir .. "/view.lua", VIEW)
         gw = H.start_gateway({ conf = CONF, upstream = up,
             vars = { TAMPER = sdir .. "/tamper.lua", PAYMENTS = sdir .. "/payments.lua",
-                     CTX = sdir .. "/ctx.lua", KEYED = sdir .. "/keyed.lua" } })
+                     CTX = sdir .. "/ctx.lua", KEYED = sdir .. "/keyed.lua",
+                     VIEW = sdir .. "/view.lua" } })
     end)
 
     teardown(function()
@@ -233,5 +248,15 @@ describe("two route scripts in one worker", function()
         local _, warnings = gw:log():gsub('has no idempotency_key on|auto, so its unsafe requests are not retried: '
             .. 'add "idempotency_key on;"', "")
         assert.equal(1, warnings, ctx(gw, "the warning is said once"))
+    end)
+
+    it("shows the script every field, the client's address and the query decoded", function()
+        local r = assert(H.request(gw.port, { method = "GET", path = "/v/x?q=a%20b+c&flag&r=1&r=2&s%20p=%3D",
+            headers = { { "X-Tag", "one" }, { "x-tag", "two" } } }))
+        assert.equal(200, r.status)
+        local hit = up:hits()[1]
+        assert.same({ "127.0.0.1" }, H.hit_values(hit, "X-Client"))
+        assert.same({ "one,two" }, H.hit_values(hit, "X-Tags"))
+        assert.same({ "a b c|true|1,2|=" }, H.hit_values(hit, "X-Args"))
     end)
 end)

@@ -168,4 +168,16 @@ return route
         assert.is_false(ok)
         assert.matches("req:set_header can only be called in on_request", err)
     end)
+
+    it("gives req:headers(), req:args() and req.client as the gateway does", function()
+        local req = kit.request{ path = "/", query = "q=a%20b+c&flag&r=1&r=2", headers = { ["X-Tag"] = "one" },
+            client = "10.0.0.7" }
+        assert.equal("one", req:headers()["x-tag"])
+        local a = req:args()
+        assert.equal("a b c", a.q)
+        assert.is_true(a.flag)
+        assert.same({ "1", "2" }, a.r)
+        assert.equal("10.0.0.7", req.client)
+        assert.equal("127.0.0.1", kit.request{}.client)
+    end)
 end)
