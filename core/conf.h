@@ -167,6 +167,7 @@ struct ric_location_conf_s {
     char *proxy_pass;              /* as written (without the scheme), for errors */
     int proxy_tls;                 /* proxy_pass https:// */
     int warned_key_contract;       /* this process said once that a script key lacks the contract */
+    int warned_body_max;           /* ...that res:body() is nil for want of classify_body_max */
     const char *proxy_pass_file;
     int proxy_pass_line;
     ric_location_conf_t *next;
@@ -251,6 +252,7 @@ struct ric_http_conf_s {
     int nupstreams;
     ric_access_log_t *access_logs; /* every distinct destination */
     struct ric_idem_store_conf_s *idem_stores; /* every distinct idempotency store */
+    struct ric_shared_dict_conf_s *shared_dicts; /* lua_shared_dict (shared_dict.h) */
 };
 
 /* An address every worker accepts on: the union of the servers' listens. */

@@ -5,6 +5,7 @@
 #include "idem.h"
 #include "idem_store.h"
 #include "script.h"
+#include "shared_dict.h"
 #include "backoff.h"
 #include "retry.h"
 
@@ -938,6 +939,44 @@ set_classify_body_max(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
     return reason;
 }
 
+/* lua_shared_dict NAME SIZE (http): a dictionary every worker shares. */
+static const char *
+set_shared_dict(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    ric_shared_dict_conf_t *d;
+    const char *name = cf->args[1], *p;
+    int64_t size;
+
+    (void) conf;
+    for (p = name; *p && (isalnum((unsigned char) *p) || *p == '_'); p++) {
+    }
+    if (*p != '\0' || p == name || p - name > 64) {
+        return ric_conf_reason(cf, "invalid name \"%s\" in \"%s\": 1 to 64 letters, digits or "
+                               "'_'", name, cmd->name);
+    }
+    for (d = http->shared_dicts; d; d = d->next) {
+        if (strcmp(d->name, name) == 0) {
+            return ric_conf_reason(cf, "lua_shared_dict \"%s\" is already declared in %s:%d",
+                                   name, d->file, d->line);
+        }
+    }
+    if (ric_conf_parse_size(cf->args[2], &size) != RIC_OK || size < RIC_DICT_MIN_SIZE
+        || size > ((int64_t) 1 << 30)) {
+        return ric_conf_reason(cf, "invalid size \"%s\" in \"%s\": from 8k to 1g", cf->args[2],
+                               cmd->name);
+    }
+    d = ric_pcalloc(cf->pool, sizeof(*d));
+    d->name = ric_pstrdup(cf->pool, name);
+    d->size = size;
+    d->file = cf->file;
+    d->line = cf->line;
+    d->next = http->shared_dicts;
+    http->shared_dicts = d;
+    ric_shared_dict_declare(http->shared_dicts);
+    return NULL;
+}
+
 static const char *
 set_script_memory(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -1381,6 +1420,34 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
     return NULL;
 }
 
+/* A script that reads res:body() or res:json() on a location that reads no
+ * body for classify gets nil there: said when the config is read (ricochet
+ * -t too), naming the directive. */
+static void
+warn_body_max(const ric_location_conf_t *l)
+{
+    const ric_script_t *sc = l->refs.script;
+    char buf[65536];
+    size_t n;
+    FILE *f;
+
+    if (sc == NULL || l->settings.classify_body_max != 0 || l->proxy_pass == NULL) {
+        return;
+    }
+    f = fopen(sc->path, "rb");
+    if (f == NULL) {
+        return;
+    }
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    if (strstr(buf, "res:body(") != NULL || strstr(buf, "res:json(") != NULL) {
+        fprintf(stderr, "ricochet: [warn] %s:%d: location \"%s\" has no classify_body_max, so the "
+                "res:body() and res:json() of its script %s are nil (add, say, "
+                "\"classify_body_max 4k;\")\n", l->file, l->line, l->path, sc->path);
+    }
+}
+
 static const char *
 set_store_recover(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -1593,6 +1660,8 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "classify_body_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_classify_body_max,
       SETTINGS(classify_body_max), "0",
       "response bodies up to this size are read for the script's classify (res:body())" },
+    { "lua_shared_dict", RIC_CONF_HTTP, RIC_CONF_TAKE2, set_shared_dict, RIC_CONF_NO_OFFSET, NULL,
+      "NAME SIZE: a dictionary every worker shares, for route scripts (ricochet.shared)" },
     { "script_timeout", RIC_CONF_HTTP, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(script_timeout), "50ms",
       "the longest a route script's hook (or main chunk) may run before it is stopped" },
@@ -2213,6 +2282,7 @@ ric_conf_finish(ric_conf_parse_t *cf)
                 snprintf(cf->err, cf->errlen, "%s", reason);
                 return ric_conf_reported;
             }
+            warn_body_max(l);
             if (l->proxy_pass != NULL && (reason = link_proxy_pass(cf, l)) != NULL) {
                 if (reason != ric_conf_reported) {
                     snprintf(cf->err, cf->errlen, "%s", reason);

@@ -2,6 +2,7 @@
 #include "access_log.h"
 #include "conf.h"
 #include "idem_store.h"
+#include "shared_dict.h"
 #include "log.h"
 #include "plan.h"
 #include "process.h"
@@ -256,14 +257,15 @@ main(int argc, char **argv)
     }
     /* cross-worker state: made before the first fork, so every worker and
      * every replacement sees the same budgets and health */
-    zone = ric_shm_create(ric_upstream_zone_size(conf));
+    zone = ric_shm_create(ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf));
     if (zone == NULL) {
         fprintf(stderr, "ricochet: cannot map the shared memory zone: %s\n", strerror(errno));
         ric_conf_free(conf);
         return 1;
     }
     if (ric_upstream_share(conf, zone, err, sizeof(err)) != RIC_OK
-        || ric_idem_store_share(conf, zone, err, sizeof(err)) != RIC_OK) {
+        || ric_idem_store_share(conf, zone, err, sizeof(err)) != RIC_OK
+        || ric_shared_dict_share(conf, zone, err, sizeof(err)) != RIC_OK) {
         fprintf(stderr, "ricochet: %s\n", err);
         ric_shm_destroy(zone);
         ric_conf_free(conf);

@@ -90,6 +90,7 @@ struct ric_request_s {
     int body_replayable;
     char minted_key[40];      /* idempotency_key auto: one key for every attempt */
     ric_header_edit_t *edits; /* header edits for the upstream (scripts) */
+    ric_header_edit_t *res_edits; /* ...and for the client's answer (on_response) */
 
     ric_attempts_t attempts;  /* attempt.c's state across tries */
     ric_attempt_t *answer;    /* the attempt whose response the client gets */

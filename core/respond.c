@@ -3,6 +3,7 @@
 #include "headers.h"
 #include "log.h"
 #include "request.h"
+#include "script.h"
 #include "worker.h"
 
 #include <stdio.h>
@@ -59,10 +60,25 @@ own_head(ric_request_t *r)
     }
 }
 
-/* The upstream's head as the client gets it. */
+/* Whether the route script's on_response set or removed the field. */
+static int
+edited(const ric_request_t *r, ric_str_t name)
+{
+    const ric_header_edit_t *e;
+
+    for (e = r->res_edits; e; e = e->next) {
+        if (ric_str_eq_nocase(e->name, name)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The upstream's head as the client gets it (with on_response's edits). */
 static void
 upstream_head(ric_request_t *r)
 {
+    const ric_header_edit_t *e;
     ric_conn_t *c = r->c;
     ric_http1_t *h = &r->answer->client;
     const ric_http_msg_t *m = &h->resp;
@@ -83,7 +99,8 @@ upstream_head(ric_request_t *r)
         ric_str_t name = ric_field_name(h->buf, m, i);
         if (ric_headers_hop_by_hop(h->buf, m, name)
             || ((h->dechunk || r->msg->version == 10)
-                && ric_str_eq_lower(name, "transfer-encoding"))) {
+                && ric_str_eq_lower(name, "transfer-encoding"))
+            || edited(r, name)) {
             continue;
         }
         has_date = has_date || ric_str_eq_lower(name, "date");
@@ -93,6 +110,15 @@ upstream_head(ric_request_t *r)
         ric_conn_head_append(c, ": ", 2);
         ric_conn_head_append(c, h->buf + m->fields[i].value_off, m->fields[i].value_len);
         ric_conn_head_append(c, "\r\n", 2);
+    }
+    for (e = r->res_edits; e; e = e->next) {
+        if (e->value.data != NULL) { /* the route script's on_response */
+            has_date = has_date || ric_str_eq_lower(e->name, "date");
+            ric_conn_head_append(c, e->name.data, e->name.len);
+            ric_conn_head_append(c, ": ", 2);
+            ric_conn_head_append(c, e->value.data, e->value.len);
+            ric_conn_head_append(c, "\r\n", 2);
+        }
     }
     if (!has_date) {
         /* RFC 9110 §6.6.1: a proxy adds the Date an origin did not send */
@@ -122,6 +148,7 @@ ric_respond_phase(ric_request_t *r)
             own_head(r);
         } else {
             r->status = r->answer->client.resp.status;
+            ric_script_on_response(r);
             upstream_head(r);
             if (r->tap != NULL) {
                 r->tap(r, NULL, 0);

@@ -37,6 +37,7 @@ static int ref_req_fields = LUA_NOREF, ref_res_fields = LUA_NOREF, ref_attempt_f
 ric_request_t *ric_script_request;
 ric_attempt_t *ric_script_attempt;
 int ric_script_in_on_request;
+int ric_script_in_on_response;
 
 /* --- the bound on a call ------------------------------------------------------ */
 
@@ -327,6 +328,7 @@ load_hooks(const char *path, ric_script_t *s, char *err, size_t errlen)
     s->ref_on_request = hook_ref("on_request");
     s->ref_classify = hook_ref("classify");
     s->ref_on_log = hook_ref("on_log");
+    s->ref_on_response = hook_ref("on_response");
     lua_settop(L, top);
     return RIC_OK;
 }
@@ -373,7 +375,7 @@ state_rebuild(void)
         ric_log_error(RIC_LOG_CRIT, 0, "route scripts: the Lua state cannot be made again: %s: "
                       "every script is off in this worker", err);
         for (s = scripts; s; s = s->next) {
-            s->ref_on_request = s->ref_classify = s->ref_on_log = LUA_NOREF;
+            s->ref_on_request = s->ref_classify = s->ref_on_log = s->ref_on_response = LUA_NOREF;
         }
         return;
     }
@@ -381,7 +383,7 @@ state_rebuild(void)
         if (load_hooks(s->path, s, err, sizeof(err)) != RIC_OK) {
             ric_log_error(RIC_LOG_ERR, 0, "route script %s cannot be loaded again: %s: it is off "
                           "in this worker", s->path, err);
-            s->ref_on_request = s->ref_classify = s->ref_on_log = LUA_NOREF;
+            s->ref_on_request = s->ref_classify = s->ref_on_log = s->ref_on_response = LUA_NOREF;
         }
     }
     malloc_trim(0);
@@ -623,6 +625,41 @@ ric_script_on_request(ric_request_t *r)
     }
     lua_settop(L, top);
     return ric_script_api_respond(r) ? RIC_DONE : RIC_OK;
+}
+
+void
+ric_script_on_response(ric_request_t *r)
+{
+    ric_script_t *s = script_of(r);
+    int top;
+
+    if (rebuild_pending) {
+        state_rebuild();
+    }
+    if (s == NULL || s->ref_on_response == LUA_NOREF || r->answer == NULL) {
+        return;
+    }
+    top = lua_gettop(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_response);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res_fields);
+    lua_pushinteger(L, r->answer->client.resp.status);
+    set_raw("status");
+    push_ctx(r);
+    set_raw("ctx");
+    lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
+
+    ric_script_request = r;
+    ric_script_attempt = r->answer;
+    ric_script_in_on_response = 1;
+    if (call(1, 0) != 0) {
+        log_failure(s, "on_response", r);
+        r->res_edits = NULL; /* a failed hook changes nothing */
+    }
+    ric_script_in_on_response = 0;
+    ric_script_attempt = NULL;
+    ric_script_request = NULL;
+    lua_settop(L, top);
 }
 
 int

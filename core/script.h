@@ -11,6 +11,7 @@ struct ric_script_s {
     int ref_on_request; /* registry refs; LUA_NOREF when the hook is absent */
     int ref_classify;
     int ref_on_log;
+    int ref_on_response;
     int has_on_log;
     ric_script_t *next;
 };
@@ -56,5 +57,11 @@ void ric_script_log_cleanup(void *data);
 extern ric_request_t *ric_script_request;
 extern ric_attempt_t *ric_script_attempt;
 extern int ric_script_in_on_request; /* req may be changed only then */
+extern int ric_script_in_on_response; /* ...and the answer's fields only then */
+
+/* The respond phase, before the head of an upstream's answer is sent: the
+ * route script's on_response, which may set or remove the answer's fields
+ * (r->res_edits). An error is logged and changes nothing. */
+void ric_script_on_response(ric_request_t *r);
 
 #endif /* RIC_SCRIPT_H */

@@ -6,6 +6,7 @@
 #include "request.h"
 #include "retry_after.h"
 #include "script.h"
+#include "shared_dict.h"
 
 #include <ctype.h>
 #include <lauxlib.h>
@@ -124,12 +125,12 @@ is_reserved(const char *name, size_t n)
 }
 
 static ric_header_edit_t *
-find_edit(ric_request_t *r, const char *name, size_t n)
+find_edit_in(ric_header_edit_t *list, const char *name, size_t n)
 {
     ric_header_edit_t *e;
     ric_str_t want = { (const u_char *) name, n };
 
-    for (e = r->edits; e; e = e->next) {
+    for (e = list; e; e = e->next) {
         if (ric_str_eq_nocase(e->name, want)) {
             return e;
         }
@@ -147,18 +148,26 @@ pool_copy(ric_request_t *r, const char *s, size_t n)
     return p;
 }
 
-/* Sets (value non-NULL) or removes a field as it goes upstream. */
-static void
-edit(ric_request_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
+static ric_header_edit_t *
+find_edit(ric_request_t *r, const char *name, size_t n)
 {
-    ric_header_edit_t *e = find_edit(r, name, nlen);
+    return find_edit_in(r->edits, name, n);
+}
+
+/* Sets (value non-NULL) or removes a field in *list: as it goes upstream
+ * (r->edits) or to the client (r->res_edits). */
+static void
+edit_in(ric_request_t *r, ric_header_edit_t **list, const char *name, size_t nlen,
+        const char *value, size_t vlen)
+{
+    ric_header_edit_t *e = find_edit_in(*list, name, nlen);
 
     if (e == NULL) {
         e = ric_pcalloc(r->pool, sizeof(*e));
         e->name.data = (const u_char *) pool_copy(r, name, nlen);
         e->name.len = nlen;
-        e->next = r->edits;
-        r->edits = e;
+        e->next = *list;
+        *list = e;
     }
     e->value.data = value ? (const u_char *) pool_copy(r, value, vlen) : NULL;
     e->value.len = value ? vlen : 0;
@@ -242,7 +251,7 @@ req_set_header(lua_State *L)
     if (value != NULL && !is_value(value, vn)) {
         return script_error(L, "req:set_header: the value of %s has control characters", name);
     }
-    edit(r, name, n, value, vn);
+    edit_in(r, &r->edits, name, n, value, vn);
     if (ric_str_eq_nocase(a, b)) {
         /* the key field is the key: replay safety follows what is sent */
         r->script_key = value != NULL ? (const char *) find_edit(r, name, n)->value.data : NULL;
@@ -291,7 +300,7 @@ req_set_idempotency_key(lua_State *L)
     if (n == 0 || n > 255 || !is_value(key, n)) {
         return script_error(L, "req:set_idempotency_key: a key is 1 to 255 printable characters");
     }
-    edit(r, header, strlen(header), key, n);
+    edit_in(r, &r->edits, header, strlen(header), key, n);
     r->script_key = (const char *) find_edit(r, header, strlen(header))->value.data;
     r->script_key_removed = 0;
     return 0;
@@ -406,6 +415,32 @@ res_retry_after(lua_State *L)
     return 1;
 }
 
+/* res:set_header(name, value | nil) in on_response: the field as it goes to
+ * the client (nil removes it); framing fields are the gateway's. */
+static int
+res_set_header(lua_State *L)
+{
+    ric_request_t *r = current(L);
+    size_t n, vn = 0;
+    const char *name = luaL_checklstring(L, 1, &n);
+    const char *value = lua_isnil(L, 2) ? NULL : luaL_checklstring(L, 2, &vn);
+
+    if (!ric_script_in_on_response) {
+        return script_error(L, "res:set_header can only be called in on_response");
+    }
+    if (!is_token(name, n)) {
+        return script_error(L, "res:set_header: \"%s\" is not a valid field name", name);
+    }
+    if (is_reserved(name, n)) {
+        return script_error(L, "res:set_header: %s is the gateway's to set", name);
+    }
+    if (value != NULL && !is_value(value, vn)) {
+        return script_error(L, "res:set_header: the value of %s has control characters", name);
+    }
+    edit_in(r, &r->res_edits, name, n, value, vn);
+    return 0;
+}
+
 static int
 res_body(lua_State *L)
 {
@@ -413,12 +448,153 @@ res_body(lua_State *L)
     ric_buf_t b = { NULL, 0, 0 };
 
     if (u->peeked != 1) {
-        lua_pushnil(L); /* no classify_body_max, or larger than it: by head only */
+        /* no classify_body_max, or larger than it: by head only */
+        if (ric_script_request->settings->classify_body_max == 0
+            && !ric_script_request->location->warned_body_max) {
+            /* once per location and worker: nil here is the location's doing */
+            ric_script_request->location->warned_body_max = 1;
+            ric_log_error(RIC_LOG_WARN, 0, "route script %s: res:body() and res:json() are nil on "
+                          "location \"%s\" (%s:%d): it has no classify_body_max (add, say, "
+                          "\"classify_body_max 4k;\" to read bodies up to 4 KiB before classify)",
+                          ric_script_request->location->refs.script->path,
+                          ric_script_request->location->path,
+                          ric_script_request->location->file, ric_script_request->location->line);
+        }
+        lua_pushnil(L);
         return 1;
     }
     ric_http1_peeked_body(&u->client, &b);
     lua_pushlstring(L, b.data ? (const char *) b.data : "", b.len);
     ric_buf_free(&b);
+    return 1;
+}
+
+/* --- ricochet.shared(NAME) ---------------------------------------------------- */
+
+/* The dictionary named by argument 1, or an error where the script called. */
+static struct ric_dict_s *
+dict_arg(lua_State *L)
+{
+    size_t n;
+    const char *name = luaL_checklstring(L, 1, &n);
+    int known;
+    struct ric_dict_s *d = ric_shared_dict_find(name, n, &known);
+
+    if (!known) {
+        script_error(L, "ricochet.shared: no lua_shared_dict \"%s\" (declare it at http level: "
+                     "lua_shared_dict %s 1m;)", name, name);
+    }
+    if (d == NULL) {
+        script_error(L, "ricochet.shared(\"%s\"): the dictionary is there from the first request "
+                     "on, not while the script's main chunk runs", name);
+    }
+    return d;
+}
+
+static int
+shared_check(lua_State *L)
+{
+    size_t n;
+    const char *name = luaL_checklstring(L, 1, &n);
+    int known;
+
+    ric_shared_dict_find(name, n, &known);
+    if (!known) {
+        return script_error(L, "ricochet.shared: no lua_shared_dict \"%s\" (declare it at http "
+                            "level: lua_shared_dict %s 1m;)", name, name);
+    }
+    return 0;
+}
+
+static int
+shared_get(lua_State *L)
+{
+    struct ric_dict_s *d = dict_arg(L);
+    size_t kn;
+    const char *key = luaL_checklstring(L, 2, &kn);
+    ric_dict_value_t v;
+    char buf[RIC_DICT_VALUE_MAX];
+
+    ric_shared_dict_get(d, key, kn, &v, buf);
+    switch (v.type) {
+    case RIC_DICT_STRING:
+        lua_pushlstring(L, v.str, v.len);
+        break;
+    case RIC_DICT_NUMBER:
+        lua_pushnumber(L, v.num);
+        break;
+    case RIC_DICT_BOOLEAN:
+        lua_pushboolean(L, v.num != 0);
+        break;
+    default:
+        lua_pushnil(L);
+    }
+    return 1;
+}
+
+static int
+shared_set(lua_State *L)
+{
+    struct ric_dict_s *d = dict_arg(L);
+    size_t kn;
+    const char *key = luaL_checklstring(L, 2, &kn), *why;
+    double ttl = luaL_optnumber(L, 4, 0);
+    ric_dict_value_t v;
+
+    memset(&v, 0, sizeof(v));
+    switch (lua_type(L, 3)) {
+    case LUA_TNIL:
+    case LUA_TNONE:
+        v.type = RIC_DICT_NONE;
+        break;
+    case LUA_TSTRING:
+        v.type = RIC_DICT_STRING;
+        v.str = lua_tolstring(L, 3, &v.len);
+        break;
+    case LUA_TNUMBER:
+        v.type = RIC_DICT_NUMBER;
+        v.num = lua_tonumber(L, 3);
+        break;
+    case LUA_TBOOLEAN:
+        v.type = RIC_DICT_BOOLEAN;
+        v.num = lua_toboolean(L, 3);
+        break;
+    default:
+        return script_error(L, "a shared value is a string, a number or a boolean, not a %s",
+                            luaL_typename(L, 3));
+    }
+    if (!(ttl >= 0) || ttl > 1e9) {
+        return script_error(L, "a shared value's ttl is a number of seconds, 0 for none");
+    }
+    if (ric_shared_dict_set(d, key, kn, &v, (int64_t) (ttl * 1000), &why) != RIC_OK) {
+        return script_error(L, "ricochet.shared: %s", why);
+    }
+    return 0;
+}
+
+static int
+shared_incr(lua_State *L)
+{
+    struct ric_dict_s *d = dict_arg(L);
+    size_t kn;
+    const char *key = luaL_checklstring(L, 2, &kn);
+    double n = luaL_checknumber(L, 3), init, result;
+    int has_init = !lua_isnoneornil(L, 4), rc;
+
+    if (kn == 0 || kn > RIC_DICT_KEY_MAX) {
+        return script_error(L, "ricochet.shared: a key is 1 to 64 bytes");
+    }
+    init = has_init ? luaL_checknumber(L, 4) : 0;
+    rc = ric_shared_dict_incr(d, key, kn, n, has_init ? &init : NULL, &result);
+    if (rc == RIC_ERROR) {
+        return script_error(L, "ricochet.shared: incr of \"%s\", which is not a number", key);
+    }
+    if (rc == RIC_DECLINED) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "not found");
+        return 2;
+    }
+    lua_pushnumber(L, result);
     return 1;
 }
 
@@ -520,7 +696,9 @@ ric_script_api_push(lua_State *L)
         { "req_body", req_body }, { "req_headers", req_headers }, { "req_set_idempotency_key", req_set_idempotency_key },
         { "req_idempotency_key", req_idempotency_key }, { "req_respond", req_respond },
         { "res_header", res_header }, { "res_retry_after", res_retry_after },
-        { "res_body", res_body }, { "uuid", uuid }, { "sha256", sha256 },
+        { "res_body", res_body }, { "res_set_header", res_set_header },
+        { "shared_check", shared_check }, { "shared_get", shared_get }, { "shared_set", shared_set },
+        { "shared_incr", shared_incr }, { "uuid", uuid }, { "sha256", sha256 },
         { "hmac_sha256", hmac_sha256 }, { "now", now }, { "log", log_line }, { NULL, NULL }
     };
     const luaL_Reg *f;

@@ -9,8 +9,11 @@
 --   B.req_set_idempotency_key(key)      B.req_idempotency_key() -> string | nil
 --   B.req_respond(status, headers, body)
 --   B.res_header(name)                  -> string | nil
+--   B.res_set_header(name, value|nil)   (on_response only)
 --   B.res_retry_after()                 -> seconds | nil
 --   B.res_body()                        -> string | nil
+--   B.shared_check(name), B.shared_get(name, key), B.shared_set(name, key, value|nil, ttl),
+--   B.shared_incr(name, key, n, init) -> number | nil, "not found"
 --   B.uuid(), B.sha256(s), B.hmac_sha256(key, s), B.now(), B.log(level, message)
 -- and the gateway fills the fields (req.method, res.status, attempt.number...) before each call.
 -- an instance of its own: scripts get instances of theirs, so no decode_max_depth of theirs reaches this
@@ -58,13 +61,22 @@ return function(B)
 
     -- req -----------------------------------------------------------------------------------------------------
     local Req = {}
+    local proxies = {} -- the objects, so a method called with a dot says so
+
+    local function method(self, obj, name)
+        if self ~= proxies[obj] then
+            error(("%s is a method: call it with a colon, %s(...)"):format(name, name), 3)
+        end
+    end
 
     function Req:header(name)
+        method(self, "req", "req:header")
         check_string(name, "req:header's name", 2)
         return B.req_header(name)
     end
 
     function Req:set_header(name, value)
+        method(self, "req", "req:set_header")
         check_string(name, "req:set_header's name", 2)
         if value ~= nil then
             if type(value) == "number" then value = tostring(value) end
@@ -111,6 +123,7 @@ return function(B)
     end
 
     function Req:set_idempotency_key(key)
+        method(self, "req", "req:set_idempotency_key")
         check_string(key, "req:set_idempotency_key's key", 2)
         if key == "" then error("req:set_idempotency_key: the key is empty", 2) end
         B.req_set_idempotency_key(key)
@@ -121,6 +134,7 @@ return function(B)
     end
 
     function Req:respond(status, headers, body)
+        method(self, "req", "req:respond")
         if type(status) ~= "number" or status < 200 or status > 599 or status % 1 ~= 0 then
             error("req:respond's status must be a number from 200 to 599", 2)
         end
@@ -143,8 +157,19 @@ return function(B)
     local Res = {}
 
     function Res:header(name)
+        method(self, "res", "res:header")
         check_string(name, "res:header's name", 2)
         return B.res_header(name)
+    end
+
+    function Res:set_header(name, value)
+        method(self, "res", "res:set_header")
+        check_string(name, "res:set_header's name", 2)
+        if value ~= nil then
+            if type(value) == "number" then value = tostring(value) end
+            check_string(value, "res:set_header's value", 2)
+        end
+        B.res_set_header(name, value)
     end
 
     function Res:retry_after()
@@ -162,6 +187,7 @@ return function(B)
     -- the objects: one of each, reused from call to call (the gateway refills their fields)
     api.req, api.req_fields = object("req", Req, { idempotent = true })
     api.res, api.res_fields = object("res", Res, {})
+    proxies.req, proxies.res = api.req, api.res
     api.attempt, api.attempt_fields = object("attempt", {}, {})
 
     -- ricochet ------------------------------------------------------------------------------------------------
@@ -187,6 +213,40 @@ return function(B)
             B.log(level, table.concat(parts, " "))
         end,
     }
+
+    -- ricochet.shared(NAME): a lua_shared_dict, the same for every worker (one handle per name)
+    local dicts = {}
+    local function dict(name)
+        local d = dicts[name]
+        if d then return d end
+        local methods = {
+            get = function(self, key)
+                check_string(key, "a shared key", 2)
+                return B.shared_get(name, key)
+            end,
+            set = function(self, key, value, ttl)
+                check_string(key, "a shared key", 2)
+                B.shared_set(name, key, value, ttl)
+            end,
+            incr = function(self, key, n, init)
+                check_string(key, "a shared key", 2)
+                return B.shared_incr(name, key, n or 1, init)
+            end,
+            delete = function(self, key)
+                check_string(key, "a shared key", 2)
+                B.shared_set(name, key, nil)
+            end,
+        }
+        d = setmetatable({}, { __metatable = "ricochet.shared", __index = methods,
+            __newindex = function() error("a shared dictionary's methods cannot be changed", 2) end })
+        dicts[name] = d
+        return d
+    end
+    api.ricochet.shared = function(name)
+        check_string(name, "ricochet.shared's name", 2)
+        B.shared_check(name)
+        return dict(name)
+    end
 
     -- The verdicts classify may return.
     api.verdicts = { retry = true, accept = true, fail = true }

@@ -139,17 +139,17 @@ local function safe_rawset(t, k, v)
     return raw_rawset(t, k, v)
 end
 
-local HOOKS = { on_request = true, classify = true, on_log = true }
+local HOOKS = { on_request = true, classify = true, on_log = true, on_response = true }
 
 local function check(path, route)
     if type(route) ~= "table" then
-        return nil, ("%s: the script must return a table of hooks (on_request, classify, on_log), "
+        return nil, ("%s: the script must return a table of hooks (on_request, classify, on_response, on_log), "
             .. "not a %s"):format(path, type(route))
     end
     for k, v in pairs(route) do
         if not HOOKS[k] then
             return nil, ('%s: the table returned has "%s", which is no hook (they are on_request, '
-                .. "classify and on_log)"):format(path, tostring(k))
+                .. "classify, on_response and on_log)"):format(path, tostring(k))
         end
         if type(v) ~= "function" then
             return nil, ("%s: route.%s must be a function, not a %s"):format(path, k, type(v))

@@ -15,7 +15,7 @@ local sandbox = require("ricochet.sandbox")
 local make_api = require("ricochet.api")
 local bit = require("bit")
 
-local kit = { logs = {} }
+local kit = { logs = {}, shared = {} }
 
 -- SHA-256 and HMAC-SHA-256 in Lua (FIPS 180-4, RFC 2104), hex like the gateway's OpenSSL ones --------------
 local band, bor, bxor, bnot, rshift, lshift, ror, tobit =
@@ -247,6 +247,20 @@ local function binding(st)
         st.answer = { status = status, headers = headers, body = body }
     end
     function B.res_header(name) return st.headers[name:lower()] end
+    function B.res_set_header(name, value)
+        if running_hook ~= "on_response" then
+            error("res:set_header can only be called in on_response", 3)
+        end
+        if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
+            error(('res:set_header: "%s" is not a valid field name'):format(name), 3)
+        end
+        if RESERVED[name:lower()] then error(("res:set_header: %s is the gateway's to set"):format(name), 3) end
+        if value and value:find("[%z\1-\8\10-\31\127]") then
+            error(("res:set_header: the value of %s has control characters"):format(name), 3)
+        end
+        st.res_edits = st.res_edits or {}
+        st.res_edits[name:lower()] = value or false
+    end
     function B.res_retry_after()
         local ms = kit.retry_after_ms(st.headers["retry-after"], os.time())
         return ms and ms / 1000 or nil
@@ -264,6 +278,39 @@ local function binding(st)
         return ok and socket.gettime() or os.time()
     end
     function B.log(level, msg) kit.logs[#kit.logs + 1] = { level = level, message = msg } end
+    -- lua_shared_dict, in this process: any name is declared; kit.shared[name] holds what it keeps
+    local function entry(name, key)
+        local d = kit.shared[name]
+        local e = d and d[key]
+        if e and e.expires and e.expires <= B.now() then d[key] = nil return nil end
+        return e
+    end
+    function B.shared_check(name) kit.shared[name] = kit.shared[name] or {} end
+    function B.shared_get(name, key)
+        local e = entry(name, key)
+        return e and e.value
+    end
+    function B.shared_set(name, key, value, ttl)
+        if #key == 0 or #key > 64 then error("ricochet.shared: a key is 1 to 64 bytes", 3) end
+        local t = type(value)
+        if value ~= nil and t ~= "string" and t ~= "number" and t ~= "boolean" then
+            error(("a shared value is a string, a number or a boolean, not a %s"):format(t), 3)
+        end
+        if t == "string" and #value > 224 then error("ricochet.shared: a string value is at most 224 bytes", 3) end
+        kit.shared[name][key] = value ~= nil and { value = value,
+            expires = ttl and ttl > 0 and B.now() + ttl or nil } or nil
+    end
+    function B.shared_incr(name, key, n, init)
+        local e = entry(name, key)
+        if not e then
+            if init == nil then return nil, "not found" end
+            kit.shared[name][key] = { value = init + n }
+            return init + n
+        end
+        if type(e.value) ~= "number" then error(("ricochet.shared: incr of \"%s\", which is not a number"):format(key), 3) end
+        e.value = e.value + n
+        return e.value
+    end
     return B
 end
 
@@ -316,6 +363,15 @@ function kit.upstream(req)
     local out = {}
     for k, v in pairs(st.headers) do out[k] = v end
     for k, v in pairs(st.edits) do out[k] = v or nil end
+    return out
+end
+
+-- The answer's fields as the client gets them after on_response: { name (lowercase) = value }.
+function kit.downstream(res)
+    local st = assert(states[res], "kit.downstream takes a res made by kit.response")
+    local out = {}
+    for k, v in pairs(st.headers) do out[k] = v end
+    for k, v in pairs(st.res_edits or {}) do out[k] = v or nil end
     return out
 end
 

@@ -94,6 +94,30 @@ end
 return route
 ]]
 
+local AUTHOR = [[
+local route = {}
+function route.on_request(req)
+    if req.path == "/w/dot" then req.header("X-Anything") end
+end
+function route.classify(res)
+    if res and res:body() then return "accept" end
+end
+return route
+]]
+
+local ONRESP = [[
+local route = {}
+function route.on_request(req) req.ctx.t0 = "seen" end
+function route.on_response(res)
+    res:set_header("X-Served-By", "ricochet")
+    res:set_header("X-Upstream-Only", nil)
+    res:set_header("X-Status-Was", res.status)
+    res:set_header("X-Ctx", res.ctx.t0)
+    if res:header("X-Break") then res:set_header("Content-Length", "1") end
+end
+return route
+]]
+
 local KEYED = [[
 local route = {}
 function route.on_request(req) req:set_idempotency_key("order-1") end
@@ -116,6 +140,8 @@ http {
         location /c/ { script {{CTX}}; proxy_pass http://up; }
         location /k/ { script {{KEYED}}; retry_on 503; proxy_pass http://up; }
         location /v/ { script {{VIEW}}; proxy_pass http://up; }
+        location /w/ { script {{AUTHOR}}; proxy_pass http://up; }
+        location /r/ { script {{ONRESP}}; proxy_pass http://up; }
     }
 }
 ]]
@@ -134,10 +160,13 @@ describe("two route scripts in one worker", function()
         H.write_file(sdir .. "/ctx.lua", CTX)
         H.write_file(sdir .. "/keyed.lua", KEYED)
         H.write_file(sdir .. "/view.lua", VIEW)
+        H.write_file(sdir .. "/author.lua", AUTHOR)
+        H.write_file(sdir .. "/onresp.lua", ONRESP)
         gw = H.start_gateway({ conf = CONF, upstream = up,
             vars = { TAMPER = sdir .. "/tamper.lua", PAYMENTS = sdir .. "/payments.lua",
                      CTX = sdir .. "/ctx.lua", KEYED = sdir .. "/keyed.lua",
-                     VIEW = sdir .. "/view.lua" } })
+                     VIEW = sdir .. "/view.lua", AUTHOR = sdir .. "/author.lua",
+                     ONRESP = sdir .. "/onresp.lua" } })
     end)
 
     teardown(function()
@@ -258,5 +287,40 @@ describe("two route scripts in one worker", function()
         assert.same({ "127.0.0.1" }, H.hit_values(hit, "X-Client"))
         assert.same({ "one,two" }, H.hit_values(hit, "X-Tags"))
         assert.same({ "a b c|true|1,2|=" }, H.hit_values(hit, "X-Args"))
+    end)
+
+    it("says where the author looks: a method called with a dot, a body read without classify_body_max", function()
+        assert(H.request(gw.port, { method = "GET", path = "/w/dot" }))
+        assert.truthy(gw:log():find(sdir .. "/author.lua:3: req:header is a method: call it with a colon", 1, true),
+            ctx(gw))
+        -- at start (and at -t): the location and the directive to add
+        assert.truthy(gw:log():find('[warn] ', 1, true) and gw:log():find('has no classify_body_max, so the '
+            .. 'res:body() and res:json() of its script ' .. sdir .. '/author.lua are nil', 1, true), ctx(gw))
+        -- at run time, once per location
+        for _ = 1, 3 do assert(H.request(gw.port, { method = "GET", path = "/w/x" })) end
+        local _, n = gw:log():gsub("res:body%(%) and res:json%(%) are nil on location \"/w/\"", "")
+        assert.equal(1, n, ctx(gw))
+    end)
+
+    it("lets on_response set and remove the fields the client gets, never framing ones", function()
+        up:program({ default = { status = 201, headers = { ["X-Upstream-Only"] = "secret", ["X-Keep"] = "1" },
+            body = "made" } })
+        local r = assert(H.request(gw.port, { method = "GET", path = "/r/x" }))
+        assert.equal(201, r.status)
+        assert.equal("made", r.body)
+        assert.equal("ricochet", r.headers["x-served-by"])
+        assert.equal("201", r.headers["x-status-was"])
+        assert.equal("seen", r.headers["x-ctx"])
+        assert.equal("1", r.headers["x-keep"])
+        assert.is_nil(r.headers["x-upstream-only"])
+        -- a hook that tries a framing field fails: the answer goes as the upstream sent it
+        up:program({ default = { status = 200, headers = { ["X-Break"] = "1", ["X-Upstream-Only"] = "kept" },
+            body = "whole" } })
+        r = assert(H.request(gw.port, { method = "GET", path = "/r/y" }))
+        assert.equal(200, r.status)
+        assert.equal("whole", r.body)
+        assert.equal("kept", r.headers["x-upstream-only"])
+        assert.is_nil(r.headers["x-served-by"])
+        assert.truthy(gw:log():find("res:set_header: Content-Length is the gateway's to set", 1, true), ctx(gw))
     end)
 end)

@@ -180,4 +180,41 @@ return route
         assert.equal("10.0.0.7", req.client)
         assert.equal("127.0.0.1", kit.request{}.client)
     end)
+
+    it("runs on_response: res:set_header there, and only there", function()
+        local route = kit.load(write("onresp.lua", [[
+local route = {}
+function route.on_response(res)
+    res:set_header("X-Served-By", "ricochet")
+    res:set_header("Server", nil)
+    if res.status == 500 then res:set_header("Content-Length", "1") end
+end
+function route.classify(res) if res then res:set_header("X-Late", "1") end end
+return route
+]]))
+        local res = kit.response{ status = 200, headers = { Server = "upstream/1.0", ["X-Id"] = "7" } }
+        route.on_response(res)
+        assert.same({ ["x-served-by"] = "ricochet", ["x-id"] = "7" }, kit.downstream(res))
+        assert.has_error(function() route.on_response(kit.response{ status = 500 }) end)
+        local ok, err = pcall(route.classify, kit.response{ status = 200 }, kit.attempt{})
+        assert.is_false(ok)
+        assert.matches("res:set_header can only be called in on_response", err)
+    end)
+
+    it("offers ricochet.shared with the gateway's API, in this process", function()
+        local route = kit.load(write("shared.lua", [[
+local hits = ricochet.shared("hits")
+local route = {}
+function route.on_request(req)
+    req:set_header("X-N", tostring(hits:incr("n", 1, 0)))
+    hits:set("last", req.path, 60)
+end
+return route
+]]))
+        for _ = 1, 3 do route.on_request(kit.request{ path = "/a" }) end
+        assert.equal(3, kit.shared.hits.n.value)
+        assert.equal("/a", kit.shared.hits.last.value)
+        local d = kit.load(write("shared2.lua", "return {}")) and nil
+        assert.is_nil(d)
+    end)
 end)
