@@ -1,4 +1,4 @@
-/* script.c: route scripts: one LuaJIT state per process, loading at config time, bounded hook calls. */
+/* script.c: route scripts: one LuaJIT state per script, loading at config time, bounded hook calls. */
 #include "script.h"
 #include "attempt.h"
 #include "log.h"
@@ -15,11 +15,11 @@
 #include <math.h>
 
 /*
- * The state is made by the first `script` directive, in the process that
- * reads the config (the master, or `ricochet -t`), and every script is
- * loaded into it then: a script that does not load stops the config.
- * Workers are forked with a copy of it, so each has its own state and
- * nothing is shared. The bundled library (ricochet/api.lua, the objects
+ * Each `script` file gets its own state, made when its directive is read,
+ * in the process that reads the config (the master, or `ricochet -t`): a
+ * script that does not load stops the config. Workers are forked with a
+ * copy of every state, so nothing is shared between workers, nor between
+ * two scripts. The bundled library (ricochet/api.lua, the objects
  * the hooks get; ricochet/sandbox.lua, how a script is loaded) is built
  * into the binary.
  */
@@ -27,12 +27,45 @@
 extern const char ric_lua_api[];
 extern const char ric_lua_sandbox[];
 
-static lua_State *L;
+/* One Lua state a script: nothing one script does (a table it changes, a
+ * library it configures, the memory it fills) reaches another. cur is the
+ * state of the script being loaded or called; the names below are its. */
+typedef struct ric_script_state_s {
+    lua_State *lua;
+    ric_script_t *script;
+    int ref_traceback, ref_prepare, ref_check, ref_ricochet;
+    int ref_req, ref_res, ref_attempt, ref_req_fields, ref_res_fields, ref_attempt_fields;
+    size_t bytes;         /* counted by its allocator */
+    int refused;          /* an allocation was refused during the current call */
+    int rebuild;          /* made again before its next call */
+    unsigned gen;         /* bumped each time it is made: older registry refs are void */
+} state_t;
+
+static state_t *cur;
 static ric_script_t *scripts;
-static int ref_traceback = LUA_NOREF, ref_prepare = LUA_NOREF, ref_check = LUA_NOREF;
-static int ref_ricochet = LUA_NOREF;
-static int ref_req = LUA_NOREF, ref_res = LUA_NOREF, ref_attempt = LUA_NOREF;
-static int ref_req_fields = LUA_NOREF, ref_res_fields = LUA_NOREF, ref_attempt_fields = LUA_NOREF;
+
+#define L (cur->lua)
+#define ref_traceback (cur->ref_traceback)
+#define ref_prepare (cur->ref_prepare)
+#define ref_check (cur->ref_check)
+#define ref_ricochet (cur->ref_ricochet)
+#define ref_req (cur->ref_req)
+#define ref_res (cur->ref_res)
+#define ref_attempt (cur->ref_attempt)
+#define ref_req_fields (cur->ref_req_fields)
+#define ref_res_fields (cur->ref_res_fields)
+#define ref_attempt_fields (cur->ref_attempt_fields)
+#define mem_used (cur->bytes)
+#define mem_over (cur->refused)
+#define rebuild_pending (cur->rebuild)
+#define state_gen (cur->gen)
+
+/* The script's state becomes the current one. */
+static void
+use(const ric_script_t *s)
+{
+    cur = s->state;
+}
 
 ric_request_t *ric_script_request;
 ric_attempt_t *ric_script_attempt;
@@ -51,22 +84,18 @@ static int call_running;     /* a bounded call is on the stack */
 int64_t ric_script_timeout_ms = RIC_SCRIPT_MAX_MS;
 size_t ric_script_memory_max = RIC_SCRIPT_MEMORY_MAX;
 
-/* The state's memory, counted by its allocator: past script_memory_max an
+/* A state's memory, counted by its allocator: past script_memory_max an
  * allocation fails, which LuaJIT raises as an error in the script. */
-static size_t mem_used;
-static int mem_over; /* an allocation was refused during the current call */
-static int rebuild_pending; /* the state is made again before the next call */
-static unsigned state_gen;  /* bumped each time the state is made: older registry refs are void */
 
 static void *
 bounded_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
+    state_t *st = ud;
     void *p;
 
-    (void) ud;
     if (nsize == 0) {
         free(ptr);
-        mem_used -= ptr != NULL ? osize : 0;
+        st->bytes -= ptr != NULL ? osize : 0;
         return NULL;
     }
     if (ptr == NULL) {
@@ -74,13 +103,14 @@ bounded_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     }
     /* only inside a protected call: a refusal outside one would be an
      * error nothing catches */
-    if (call_running && nsize > osize && mem_used + (nsize - osize) > ric_script_memory_max) {
-        mem_over = 1;
+    if (call_running && nsize > osize
+        && st->bytes + (nsize - osize) > ric_script_memory_max) {
+        st->refused = 1;
         return NULL;
     }
     p = realloc(ptr, nsize);
     if (p != NULL) {
-        mem_used = mem_used - osize + nsize;
+        st->bytes = st->bytes - osize + nsize;
     }
     return p;
 }
@@ -199,16 +229,17 @@ state_close(void)
 {
     ric_script_t *s, *next;
 
-    if (L != NULL) {
-        lua_close(L);
-        L = NULL;
-    }
     for (s = scripts; s; s = next) {
         next = s->next;
+        if (s->state != NULL && s->state->lua != NULL) {
+            lua_close(s->state->lua);
+        }
+        free(s->state);
         free(s->path);
         free(s);
     }
     scripts = NULL;
+    cur = NULL;
 }
 
 static int
@@ -220,7 +251,7 @@ state_init(char *err, size_t errlen)
         closing_registered = 1;
         atexit(state_close);
     }
-    L = lua_newstate(bounded_alloc, NULL);
+    L = lua_newstate(bounded_alloc, cur);
     state_gen++;
     if (L == NULL) {
         snprintf(err, errlen, "cannot create the Lua state (out of memory)");
@@ -343,12 +374,17 @@ ric_script_load(const char *path, char *err, size_t errlen)
             return s;
         }
     }
-    if (L == NULL && state_init(err, errlen) != RIC_OK) {
-        return NULL;
-    }
     s = ric_xcalloc(1, sizeof(*s));
-    if (load_hooks(path, s, err, errlen) != RIC_OK) {
+    s->state = ric_xcalloc(1, sizeof(*s->state));
+    s->state->script = s;
+    use(s);
+    if (state_init(err, errlen) != RIC_OK || load_hooks(path, s, err, errlen) != RIC_OK) {
+        if (L != NULL) {
+            lua_close(L);
+        }
+        free(s->state);
         free(s);
+        cur = NULL;
         return NULL;
     }
     s->path = ric_xstrdup(path);
@@ -365,30 +401,22 @@ ric_script_load(const char *path, char *err, size_t errlen)
 static void
 state_rebuild(void)
 {
-    ric_script_t *s;
+    ric_script_t *s = cur->script;
     char err[1024];
 
     rebuild_pending = 0;
     lua_close(L);
     L = NULL;
-    if (state_init(err, sizeof(err)) != RIC_OK) {
-        ric_log_error(RIC_LOG_CRIT, 0, "route scripts: the Lua state cannot be made again: %s: "
-                      "every script is off in this worker", err);
-        for (s = scripts; s; s = s->next) {
-            s->ref_on_request = s->ref_classify = s->ref_on_log = s->ref_on_response = LUA_NOREF;
-        }
+    mem_used = 0;
+    if (state_init(err, sizeof(err)) != RIC_OK || load_hooks(s->path, s, err, sizeof(err)) != RIC_OK) {
+        ric_log_error(RIC_LOG_ERR, 0, "route script %s cannot be made again: %s: it is off in this "
+                      "worker", s->path, err);
+        s->ref_on_request = s->ref_classify = s->ref_on_log = s->ref_on_response = LUA_NOREF;
         return;
     }
-    for (s = scripts; s; s = s->next) {
-        if (load_hooks(s->path, s, err, sizeof(err)) != RIC_OK) {
-            ric_log_error(RIC_LOG_ERR, 0, "route script %s cannot be loaded again: %s: it is off "
-                          "in this worker", s->path, err);
-            s->ref_on_request = s->ref_classify = s->ref_on_log = s->ref_on_response = LUA_NOREF;
-        }
-    }
     malloc_trim(0);
-    ric_log_error(RIC_LOG_WARN, 0, "route scripts: the Lua state was made again (a script kept "
-                  "more than half of script_memory_max after it was stopped): %zu KiB now",
+    ric_log_error(RIC_LOG_WARN, 0, "route script %s: its Lua state was made again (it kept more "
+                  "than half of script_memory_max after it was stopped): %zu KiB now", s->path,
                   mem_used >> 10);
 }
 
@@ -520,6 +548,12 @@ l_ctx_set(lua_State *l)
 static void
 ctx_unref(ric_request_t *r)
 {
+    const ric_script_t *s = script_of(r);
+
+    if (s == NULL) {
+        return;
+    }
+    use(s);
     if (r->script_ctx_ref != 0 && r->script_ctx_gen == state_gen && L != NULL) {
         luaL_unref(L, LUA_REGISTRYINDEX, r->script_ctx_ref);
     }
@@ -569,10 +603,14 @@ ric_script_on_request(ric_request_t *r)
     char where[512];
     int top, rc;
 
+    if (s == NULL) {
+        return RIC_OK;
+    }
+    use(s);
     if (rebuild_pending) {
         state_rebuild();
     }
-    if (s == NULL || s->ref_on_request == LUA_NOREF) {
+    if (s->ref_on_request == LUA_NOREF) {
         return RIC_OK;
     }
     top = lua_gettop(L);
@@ -633,10 +671,14 @@ ric_script_on_response(ric_request_t *r)
     ric_script_t *s = script_of(r);
     int top;
 
+    if (s == NULL || r->answer == NULL) {
+        return;
+    }
+    use(s);
     if (rebuild_pending) {
         state_rebuild();
     }
-    if (s == NULL || s->ref_on_response == LUA_NOREF || r->answer == NULL) {
+    if (s->ref_on_response == LUA_NOREF) {
         return;
     }
     top = lua_gettop(L);
@@ -682,10 +724,14 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     int top, rc, word = RIC_CLASSIFY_DEFAULT;
 
     *delay_ms = -1;
+    if (s == NULL) {
+        return RIC_CLASSIFY_DEFAULT;
+    }
+    use(s);
     if (rebuild_pending) {
         state_rebuild();
     }
-    if (s == NULL || s->ref_classify == LUA_NOREF) {
+    if (s->ref_classify == LUA_NOREF) {
         return RIC_CLASSIFY_DEFAULT;
     }
     top = lua_gettop(L);
@@ -773,10 +819,15 @@ ric_script_log_cleanup(void *data)
     const ric_http_msg_t *m = r->msg;
     int top, i;
 
+    if (s == NULL) {
+        return;
+    }
+    use(s);
     if (rebuild_pending) {
         state_rebuild();
     }
-    if (s == NULL || s->ref_on_log == LUA_NOREF) {
+    if (s->ref_on_log == LUA_NOREF) {
+        ctx_unref(r);
         return;
     }
     top = lua_gettop(L);

@@ -13,6 +13,7 @@ struct ric_script_s {
     int ref_on_log;
     int ref_on_response;
     int has_on_log;
+    struct ric_script_state_s *state; /* its own Lua state (script.c) */
     ric_script_t *next;
 };
 
