@@ -168,8 +168,8 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
     if (pid == 0) {
         pid = getpid(); /* only workers write lines: the first one is in the worker */
     }
-    putf(&o, "{\"time\":\"%s.%03ldZ\",\"pid\":%d,\"client\":", ts, (long) (tv.tv_usec / 1000),
-         (int) pid);
+    putf(&o, "{\"time\":\"%s.%03ldZ\",\"pid\":%d,\"id\":\"%s\",\"client\":", ts,
+         (long) (tv.tv_usec / 1000), (int) pid, e->id);
     put_json_cstr(&o, e->client);
     put_lit(&o, ",\"method\":");
     put_json(&o, e->method.data, e->method.len);

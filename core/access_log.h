@@ -28,6 +28,7 @@ typedef struct {
 #define RIC_SCRIPT_FIELDS_BYTES 2048 /* names and values together */
 
 typedef struct {
+    char id[33];    /* the request's (ric_request_id) */
     const char *client;
     ric_str_t method;
     ric_str_t path; /* the request target as sent */

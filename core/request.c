@@ -8,6 +8,10 @@
 #include "script.h"
 #include "worker.h"
 
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
 #define REQUEST_POOL_SIZE 8192
 
 static int phase_route(ric_request_t *r);
@@ -22,6 +26,20 @@ static int (*const phases[])(ric_request_t *r) = {
 
 static void access_log_cleanup(void *data);
 
+static uint64_t requests_seen; /* by this worker */
+
+void
+ric_request_id(const ric_request_t *r, char *out)
+{
+    static uint32_t started, pid;
+
+    if (pid != (uint32_t) getpid()) {
+        pid = (uint32_t) getpid(); /* a worker's own, after fork */
+        started = (uint32_t) time(NULL);
+    }
+    snprintf(out, 33, "%08x%08x%016llx", started, pid, (unsigned long long) r->seq);
+}
+
 ric_request_t *
 ric_request_create(ric_conn_t *c, int error_status)
 {
@@ -32,6 +50,7 @@ ric_request_create(ric_conn_t *c, int error_status)
     r->pool = pool;
     r->msg = &c->msg;
     r->start_us = ric_now_us();
+    r->seq = ++requests_seen;
     r->server = c->listener->default_server;
     r->settings = &r->server->settings;
     r->status = error_status;
@@ -458,6 +477,7 @@ access_log_cleanup(void *data)
         e->host = ric_request_host(r);
     }
     e->status = ric_request_final_status(r);
+    ric_request_id(r, e->id);
     e->bytes = r->c->response_bytes;
     e->duration_us = ric_now_us() - r->start_us;
     e->not_retried = r->not_retried != RIC_RETRY_YES ? ric_retry_reason_name(r->not_retried)

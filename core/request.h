@@ -55,6 +55,7 @@ struct ric_request_s {
     int ending;    /* finalize was asked while running: 1 + ric_request_end_t */
     ric_request_end_t end; /* how it ended (for the cleanups) */
     int64_t start_us;
+    uint64_t seq;  /* this worker's count of requests: with its pid and start, the request's id */
 
     /* route */
     /* the authority it names: an absolute-form target's, else Host; as an
@@ -160,6 +161,11 @@ void ric_request_async_end(ric_request_t *r, ric_async_t *a);
 /* The gateway answers the request itself (closes: the connection is not
  * trusted after). Returns RIC_DONE, for a phase to return. */
 int ric_request_answer(ric_request_t *r, int status, int closes);
+
+/* The request's id, 32 hex digits unique on the host (the worker's start
+ * time and pid, and its count of requests): the access log's "id", the
+ * route script's req.id. */
+void ric_request_id(const ric_request_t *r, char *out);
 
 /* The status the request ended with, as logged: its answer's, 499 when the
  * client left before one began, 503 when the worker stopped under it. */

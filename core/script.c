@@ -600,7 +600,7 @@ ric_script_on_request(ric_request_t *r)
     ric_script_t *s = script_of(r);
     const ric_http_msg_t *m = r->msg;
     ric_str_t target, path, query = ric_null_string;
-    char where[512];
+    char where[512], id[33];
     int top, rc;
 
     if (s == NULL) {
@@ -635,6 +635,9 @@ ric_script_on_request(ric_request_t *r)
     set_raw("idempotent");
     lua_pushstring(L, r->c->peer_ip);
     set_raw("client");
+    ric_request_id(r, id);
+    lua_pushlstring(L, id, 32);
+    set_raw("id");
     push_ctx(r);
     set_raw("ctx");
     lua_pop(L, 1); /* the fields: the proxy stays, as the argument */

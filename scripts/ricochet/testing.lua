@@ -328,6 +328,7 @@ function kit.request(t)
     fields.method, fields.path, fields.query = t.method or "GET", t.path or "/", t.query or ""
     fields.ctx = t.ctx or {}
     fields.client = t.client or "127.0.0.1"
+    fields.id = t.id or ("%032x"):format(math.random(0, 2 ^ 31))
     states[req] = st
     return req
 end

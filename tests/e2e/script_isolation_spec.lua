@@ -87,6 +87,7 @@ local route = {}
 function route.on_request(req)
     local h, a = req:headers(), req:args()
     req:set_header("X-Client", req.client)
+    req:set_header("X-Id", req.id)
     req:set_header("X-Tags", type(h["x-tag"]) == "table" and table.concat(h["x-tag"], ",") or tostring(h["x-tag"]))
     req:set_header("X-Args", ("%s|%s|%s|%s"):format(a.q, tostring(a.flag), type(a.r) == "table" and
         table.concat(a.r, ",") or "?", tostring(a["s p"])))
@@ -287,6 +288,16 @@ describe("two route scripts in one worker", function()
         assert.same({ "127.0.0.1" }, H.hit_values(hit, "X-Client"))
         assert.same({ "one,two" }, H.hit_values(hit, "X-Tags"))
         assert.same({ "a b c|true|1,2|=" }, H.hit_values(hit, "X-Args"))
+        -- req.id is the id of the request's access log line
+        local id = H.hit_values(hit, "X-Id")[1]
+        assert.truthy(id and id:match("^%x+$") and #id == 32, tostring(id))
+        local found = H.wait_until(function()
+            local f = io.open(gw.prefix .. "/logs/access.log", "r")
+            local text = f and f:read("*a") or ""
+            if f then f:close() end
+            return text:find('"id":"' .. id .. '"', 1, true) ~= nil
+        end, 5)
+        assert.truthy(found, "no access log line with id " .. id)
     end)
 
     it("says where the author looks: a method called with a dot, a body read without classify_body_max", function()
