@@ -40,14 +40,12 @@ return function(B)
     -- and method tables are nobody's field), and writes only the fields listed as writable. The gateway
     -- fills the fields table (api.req_fields, ...) before each call.
     local function object(name, methods, writable)
-        local fields = {}
+        -- fields, then methods: two plain lookups (no Lua function per read), and neither table is a
+        -- field of anything the script can reach
+        local fields = setmetatable({}, { __index = methods, __metatable = "ricochet." .. name })
         local proxy = setmetatable({}, {
             __metatable = "ricochet." .. name,
-            __index = function(_, k)
-                local v = fields[k]
-                if v == nil then v = methods[k] end
-                return v
-            end,
+            __index = fields,
             __newindex = function(_, k, v)
                 if not writable[k] then
                     error(("%s.%s cannot be set: %s is the gateway's (keep your own state in "
