@@ -594,6 +594,26 @@ push_ctx(ric_request_t *r)
     }
 }
 
+/* The request's table when a hook of it made one, else nil: the table is
+ * made when a script first reads req.ctx (ric_script_push_ctx), so a
+ * request whose script never does pays nothing for it. */
+static void
+push_ctx_if_made(ric_request_t *r)
+{
+    if (r->script_ctx_ref != 0 && r->script_ctx_gen == state_gen) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, r->script_ctx_ref);
+    } else {
+        lua_pushnil(L);
+    }
+}
+
+void
+ric_script_push_ctx(lua_State *l, ric_request_t *r)
+{
+    (void) l; /* the current state's: the hook being run is r's script's */
+    push_ctx(r);
+}
+
 int
 ric_script_on_request(ric_request_t *r)
 {
@@ -638,7 +658,7 @@ ric_script_on_request(ric_request_t *r)
     ric_request_id(r, id);
     lua_pushlstring(L, id, 32);
     set_raw("id");
-    push_ctx(r);
+    push_ctx_if_made(r);
     set_raw("ctx");
     lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
 
@@ -690,7 +710,7 @@ ric_script_on_response(ric_request_t *r)
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res_fields);
     lua_pushinteger(L, r->answer->client.resp.status);
     set_raw("status");
-    push_ctx(r);
+    push_ctx_if_made(r);
     set_raw("ctx");
     lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
 
@@ -760,7 +780,7 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     set_raw("remaining");
     lua_pushstring(L, u->client.peer ? u->client.peer->conf->addr_text : "");
     set_raw("upstream");
-    push_ctx(r);
+    push_ctx_if_made(r);
     set_raw("ctx");
     lua_pop(L, 1);
 

@@ -65,4 +65,8 @@ extern int ric_script_in_on_response; /* ...and the answer's fields only then */
  * (r->res_edits). An error is logged and changes nothing. */
 void ric_script_on_response(ric_request_t *r);
 
+/* Pushes r's own table (req.ctx), made on first use (script_api.c). */
+struct lua_State;
+void ric_script_push_ctx(struct lua_State *l, ric_request_t *r);
+
 #endif /* RIC_SCRIPT_H */

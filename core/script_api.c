@@ -469,6 +469,14 @@ res_body(lua_State *L)
     return 1;
 }
 
+/* The request's own table, made when a hook first reads req.ctx. */
+static int
+ctx_of_request(lua_State *L)
+{
+    ric_script_push_ctx(L, current(L));
+    return 1;
+}
+
 /* --- ricochet.shared(NAME) ---------------------------------------------------- */
 
 /* The dictionary named by argument 1, or an error where the script called. */
@@ -698,7 +706,7 @@ ric_script_api_push(lua_State *L)
         { "res_header", res_header }, { "res_retry_after", res_retry_after },
         { "res_body", res_body }, { "res_set_header", res_set_header },
         { "shared_check", shared_check }, { "shared_get", shared_get }, { "shared_set", shared_set },
-        { "shared_incr", shared_incr }, { "uuid", uuid }, { "sha256", sha256 },
+        { "shared_incr", shared_incr }, { "ctx", ctx_of_request }, { "uuid", uuid }, { "sha256", sha256 },
         { "hmac_sha256", hmac_sha256 }, { "now", now }, { "log", log_line }, { NULL, NULL }
     };
     const luaL_Reg *f;

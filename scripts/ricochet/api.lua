@@ -42,7 +42,17 @@ return function(B)
     local function object(name, methods, writable)
         -- fields, then methods: two plain lookups (no Lua function per read), and neither table is a
         -- field of anything the script can reach
-        local fields = setmetatable({}, { __index = methods, __metatable = "ricochet." .. name })
+        -- ctx, the request's own table, is made on first read (B.ctx), so a script that never reads it
+        -- costs its request nothing; every other read is two plain lookups
+        local fields
+        setmetatable(methods, { __metatable = "ricochet." .. name, __index = function(_, k)
+            if k == "ctx" then
+                local t = B.ctx()
+                rawset(fields, "ctx", t)
+                return t
+            end
+        end })
+        fields = setmetatable({}, { __index = methods, __metatable = "ricochet." .. name })
         local proxy = setmetatable({}, {
             __metatable = "ricochet." .. name,
             __index = fields,

@@ -208,6 +208,7 @@ local function binding(st)
         end
     end
     function B.req_body() return st.body end
+    function B.ctx() return {} end
     function B.req_headers()
         local out = {}
         for k, v in pairs(st.headers) do out[k] = v end
