@@ -8,6 +8,7 @@
 #include "script.h"
 #include "worker.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,15 +29,30 @@ static void access_log_cleanup(void *data);
 
 static uint64_t requests_seen; /* by this worker */
 
+static uint32_t id_started, id_pid;
+
+/* After a fork the child is another worker: its ids start anew. */
+static void
+id_forget(void)
+{
+    id_pid = 0;
+}
+
 void
 ric_request_id(const ric_request_t *r, char *out)
 {
-    static uint32_t started, pid;
+    static int registered;
 
-    if (pid != (uint32_t) getpid()) {
-        pid = (uint32_t) getpid(); /* a worker's own, after fork */
-        started = (uint32_t) time(NULL);
+    if (id_pid == 0) {
+        /* once per process (getpid is a system call: never one per request) */
+        if (!registered) {
+            registered = 1;
+            pthread_atfork(NULL, NULL, id_forget);
+        }
+        id_pid = (uint32_t) getpid();
+        id_started = (uint32_t) time(NULL);
     }
+    uint32_t started = id_started, pid = id_pid;
     snprintf(out, 33, "%08x%08x%016llx", started, pid, (unsigned long long) r->seq);
 }
 

@@ -620,7 +620,7 @@ ric_script_on_request(ric_request_t *r)
     ric_script_t *s = script_of(r);
     const ric_http_msg_t *m = r->msg;
     ric_str_t target, path, query = ric_null_string;
-    char where[512], id[33];
+    char where[512];
     int top, rc;
 
     if (s == NULL) {
@@ -653,10 +653,9 @@ ric_script_on_request(ric_request_t *r)
     set_raw("query");
     lua_pushnil(L);
     set_raw("idempotent");
-    lua_pushstring(L, r->c->peer_ip);
+    lua_pushnil(L); /* client and id: made on first read (ric_script_push_ctx's way) */
     set_raw("client");
-    ric_request_id(r, id);
-    lua_pushlstring(L, id, 32);
+    lua_pushnil(L);
     set_raw("id");
     push_ctx_if_made(r);
     set_raw("ctx");

@@ -477,6 +477,24 @@ ctx_of_request(lua_State *L)
     return 1;
 }
 
+/* req.client and req.id, made on first read. */
+static int
+req_client(lua_State *L)
+{
+    lua_pushstring(L, current(L)->c->peer_ip);
+    return 1;
+}
+
+static int
+req_id(lua_State *L)
+{
+    char id[33];
+
+    ric_request_id(current(L), id);
+    lua_pushlstring(L, id, 32);
+    return 1;
+}
+
 /* --- ricochet.shared(NAME) ---------------------------------------------------- */
 
 /* The dictionary named by argument 1, or an error where the script called. */
@@ -706,7 +724,8 @@ ric_script_api_push(lua_State *L)
         { "res_header", res_header }, { "res_retry_after", res_retry_after },
         { "res_body", res_body }, { "res_set_header", res_set_header },
         { "shared_check", shared_check }, { "shared_get", shared_get }, { "shared_set", shared_set },
-        { "shared_incr", shared_incr }, { "ctx", ctx_of_request }, { "uuid", uuid }, { "sha256", sha256 },
+        { "shared_incr", shared_incr }, { "ctx", ctx_of_request },
+        { "req_client", req_client }, { "req_id", req_id }, { "uuid", uuid }, { "sha256", sha256 },
         { "hmac_sha256", hmac_sha256 }, { "now", now }, { "log", log_line }, { NULL, NULL }
     };
     const luaL_Reg *f;

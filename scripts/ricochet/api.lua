@@ -39,17 +39,24 @@ return function(B)
     -- methods through an empty proxy, never the tables behind them (its metatable is locked, the fields
     -- and method tables are nobody's field), and writes only the fields listed as writable. The gateway
     -- fills the fields table (api.req_fields, ...) before each call.
+    -- fields made on first read, by name: what a script never reads, its request never pays for
+    local LAZY = { ctx = function() return B.ctx() end }
+    local LAZY_REQ = { ctx = LAZY.ctx, client = function() return B.req_client() end,
+        id = function() return B.req_id() end }
+
     local function object(name, methods, writable)
         -- fields, then methods: two plain lookups (no Lua function per read), and neither table is a
         -- field of anything the script can reach
         -- ctx, the request's own table, is made on first read (B.ctx), so a script that never reads it
         -- costs its request nothing; every other read is two plain lookups
         local fields
+        local lazy = name == "req" and LAZY_REQ or LAZY
         setmetatable(methods, { __metatable = "ricochet." .. name, __index = function(_, k)
-            if k == "ctx" then
-                local t = B.ctx()
-                rawset(fields, "ctx", t)
-                return t
+            local make = lazy[k]
+            if make then
+                local v = make()
+                rawset(fields, k, v)
+                return v
             end
         end })
         fields = setmetatable({}, { __index = methods, __metatable = "ricochet." .. name })

@@ -209,6 +209,8 @@ local function binding(st)
     end
     function B.req_body() return st.body end
     function B.ctx() return {} end
+    function B.req_client() return "127.0.0.1" end
+    function B.req_id() return ("%032x"):format(0) end
     function B.req_headers()
         local out = {}
         for k, v in pairs(st.headers) do out[k] = v end
