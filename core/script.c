@@ -1,6 +1,7 @@
 /* script.c: route scripts: one LuaJIT state per script, loading at config time, bounded hook calls. */
 #include "script.h"
 #include "attempt.h"
+#include "headers.h"
 #include "log.h"
 #include "request.h"
 #include "retry.h"
@@ -687,6 +688,84 @@ ric_script_on_request(ric_request_t *r)
     return ric_script_api_respond(r) ? RIC_DONE : RIC_OK;
 }
 
+/* The answer's fields as the client gets them (on_response's edits made),
+ * copied for on_log: the attempt that holds them is gone by then. */
+static void
+keep_answer_fields(ric_request_t *r)
+{
+    const ric_http1_t *h = &r->answer->client;
+    const ric_http_msg_t *m = &h->resp;
+    const ric_header_edit_t *e;
+    ric_buf_t b = { NULL, 0, 0 };
+    ric_str_t name;
+    unsigned i;
+
+    for (i = 0; i < m->nfields; i++) {
+        name = ric_field_name(h->buf, m, i);
+        for (e = r->res_edits; e && !ric_str_eq_nocase(e->name, name); e = e->next) {
+        }
+        if (e != NULL || ric_headers_hop_by_hop(h->buf, m, name)) {
+            continue;
+        }
+        ric_buf_put(&b, name.data, name.len);
+        ric_buf_put(&b, ": ", 2);
+        ric_buf_put(&b, h->buf + m->fields[i].value_off, m->fields[i].value_len);
+        ric_buf_put(&b, "\r\n", 2);
+    }
+    for (e = r->res_edits; e; e = e->next) {
+        if (e->value.data != NULL) {
+            ric_buf_put(&b, e->name.data, e->name.len);
+            ric_buf_put(&b, ": ", 2);
+            ric_buf_put(&b, e->value.data, e->value.len);
+            ric_buf_put(&b, "\r\n", 2);
+        }
+    }
+    if (b.len > 0) {
+        r->answer_fields.data = (const u_char *) ric_pstrndup(r->pool, (const char *) b.data, b.len);
+        r->answer_fields.len = b.len;
+    }
+    ric_buf_free(&b);
+}
+
+/* ctx.headers: "Name: value\r\n" lines as lowercase name -> value, or a
+ * list of the values of a name that repeats. */
+static void
+push_fields(ric_str_t f)
+{
+    const u_char *p = f.data, *end = f.data + f.len, *colon, *eol;
+    char lower[256];
+    size_t k;
+
+    lua_newtable(L);
+    while (p != NULL && p < end) {
+        eol = memchr(p, '\n', (size_t) (end - p));
+        colon = memchr(p, ':', (size_t) ((eol ? eol : end) - p));
+        if (colon == NULL || eol == NULL) {
+            break;
+        }
+        for (k = 0; p + k < colon && k < sizeof(lower); k++) {
+            lower[k] = (char) tolower(p[k]);
+        }
+        lua_pushlstring(L, lower, k);                          /* t name */
+        colon += colon + 1 < eol && colon[1] == ' ' ? 2 : 1;
+        lua_pushvalue(L, -1);
+        lua_rawget(L, -3);                                     /* t name old */
+        lua_pushlstring(L, (const char *) colon, (size_t) (eol - colon - (eol[-1] == '\r')));
+        if (lua_isnil(L, -2)) {
+            lua_remove(L, -2);                                 /* t name value */
+        } else if (lua_isstring(L, -2)) {
+            lua_createtable(L, 2, 0);                          /* t name old value list */
+            lua_insert(L, -3);                                 /* t name list old value */
+            lua_rawseti(L, -3, 2);
+            lua_rawseti(L, -2, 1);                             /* t name list */
+        } else {
+            lua_rawseti(L, -2, (int) lua_objlen(L, -2) + 1);   /* t name list */
+        }
+        lua_rawset(L, -3);                                     /* t */
+        p = eol + 1;
+    }
+}
+
 void
 ric_script_on_response(ric_request_t *r)
 {
@@ -701,6 +780,9 @@ ric_script_on_response(ric_request_t *r)
         state_rebuild();
     }
     if (s->ref_on_response == LUA_NOREF) {
+        if (s->has_on_log) {
+            keep_answer_fields(r);
+        }
         return;
     }
     top = lua_gettop(L);
@@ -724,6 +806,9 @@ ric_script_on_response(ric_request_t *r)
     ric_script_attempt = NULL;
     ric_script_request = NULL;
     lua_settop(L, top);
+    if (s->has_on_log) {
+        keep_answer_fields(r);
+    }
 }
 
 int
@@ -892,6 +977,11 @@ ric_script_log_cleanup(void *data)
     lua_setfield(L, -2, "attempts");
     push_ctx(r);
     lua_setfield(L, -2, "ctx");
+    /* the answer's fields as the client got them: the upstream's, or the
+     * gateway's own ones (a replay, a script's req:respond) */
+    push_fields(r->answer_fields.len > 0 ? r->answer_fields
+                : r->own_custom ? r->own_fields : (ric_str_t) ric_null_string);
+    lua_setfield(L, -2, "headers");
     lua_pushcfunction(L, l_ctx_set);
     lua_setfield(L, -2, "set");
 

@@ -116,6 +116,13 @@ function route.on_response(res)
     res:set_header("X-Ctx", res.ctx.t0)
     if res:header("X-Break") then res:set_header("Content-Length", "1") end
 end
+function route.on_log(ctx)
+    local h = ctx.headers
+    ctx:set("served_by", tostring(h["x-served-by"]))
+    ctx:set("upstream_only", tostring(h["x-upstream-only"]))
+    ctx:set("keep", tostring(h["x-keep"]))
+    ctx:set("status", ctx.status)
+end
 return route
 ]]
 
@@ -324,6 +331,17 @@ describe("two route scripts in one worker", function()
         assert.equal("seen", r.headers["x-ctx"])
         assert.equal("1", r.headers["x-keep"])
         assert.is_nil(r.headers["x-upstream-only"])
+        -- on_log sees the fields as the client got them
+        local logged = H.wait_until(function()
+            local f = io.open(gw.prefix .. "/logs/access.log", "r")
+            local text = f and f:read("*a") or ""
+            if f then f:close() end
+            for line in text:gmatch("[^\n]+") do
+                local e = H.json.decode(line)
+                if e.path == "/r/x" then return e.script end
+            end
+        end, 5)
+        assert.same({ served_by = "ricochet", upstream_only = "nil", keep = "1", status = 201 }, logged)
         -- a hook that tries a framing field fails: the answer goes as the upstream sent it
         up:program({ default = { status = 200, headers = { ["X-Break"] = "1", ["X-Upstream-Only"] = "kept" },
             body = "whole" } })
