@@ -97,12 +97,6 @@ typedef struct {
 } batch_t;
 
 static void connect_now(redis_store_t *s);
-
-static int
-hexval(char c)
-{
-    return c >= 'a' ? c - 'a' + 10 : c - '0';
-}
 static void item_free(item_t *it);
 static item_t *item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len,
                         int64_t ttl_ms);
@@ -408,14 +402,8 @@ ric_idem_redis_close(ric_idem_store_t *base)
 static void
 settle_lost(redis_store_t *s, const item_t *it, const char *what)
 {
-    u_char key[RIC_IDEM_KEY_LEN];
-    const char *hex = it->key + sizeof(KEY_PREFIX) - 1;
-    int i;
-
-    for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
-        key[i] = (u_char) ((hexval(hex[2 * i]) << 4) | hexval(hex[2 * i + 1]));
-    }
-    ric_idem_settle_lost(s->base.conf, key, it->rec == NULL, what);
+    ric_idem_settle_lost_hex(s->base.conf, it->key + sizeof(KEY_PREFIX) - 1, it->rec == NULL,
+                             what);
 }
 
 static void
@@ -442,15 +430,11 @@ claim_over(ric_idem_op_t *op, int rc)
 static item_t *
 item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len, int64_t ttl_ms)
 {
-    static const char hex[] = "0123456789abcdef";
     item_t *it = ric_xcalloc(1, sizeof(*it));
-    char *k = it->key + sizeof(KEY_PREFIX) - 1;
-    int i;
 
     memcpy(it->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
-    for (i = 0; key != NULL && i < RIC_IDEM_KEY_LEN; i++) {
-        k[2 * i] = hex[key[i] >> 4];
-        k[2 * i + 1] = hex[key[i] & 15];
+    if (key != NULL) {
+        ric_idem_key_hex(key, it->key + sizeof(KEY_PREFIX) - 1);
     }
     if (rec != NULL) {
         it->rec = ric_xmalloc(len ? len : 1);

@@ -244,20 +244,34 @@ ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *toke
 /* --- the backlog -------------------------------------------------------------- */
 
 void
-ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
-                     const char *what)
+ric_idem_key_hex(const u_char *key, char *out)
 {
     static const char hex[] = "0123456789abcdef";
-    char digest[2 * RIC_IDEM_KEY_LEN + 1];
     int i;
 
     for (i = 0; i < RIC_IDEM_KEY_LEN; i++) {
-        digest[2 * i] = hex[key[i] >> 4];
-        digest[2 * i + 1] = hex[key[i] & 15];
+        out[2 * i] = hex[key[i] >> 4];
+        out[2 * i + 1] = hex[key[i] & 15];
     }
-    digest[2 * RIC_IDEM_KEY_LEN] = '\0';
-    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the %s of key digest %s %s",
+    out[2 * RIC_IDEM_KEY_LEN] = '\0';
+}
+
+void
+ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *digest, int release,
+                         const char *what)
+{
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the %s of key digest %.64s %s",
                   sc->spec, release ? "release" : "answer", digest, what);
+}
+
+void
+ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
+                     const char *what)
+{
+    char digest[2 * RIC_IDEM_KEY_LEN + 1];
+
+    ric_idem_key_hex(key, digest);
+    ric_idem_settle_lost_hex(sc, digest, release, what);
 }
 
 void

@@ -236,9 +236,15 @@ void ric_idem_backlog_drop(ric_idem_backlog_t *b, const ric_idem_store_conf_t *s
 
 void ric_idem_pending_free(ric_idem_pending_t *p);
 
-/* Logs a settle that was, or will be, late or lost, with its key's digest. */
+/* Logs a settle that was, or will be, late or lost, with its key's digest
+ * (given as the key, or as its 64 hex digits). */
 void ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
                           const char *what);
+void ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *digest, int release,
+                              const char *what);
+
+/* A record key as 64 lowercase hex digits and a NUL (2 * RIC_IDEM_KEY_LEN + 1 bytes). */
+void ric_idem_key_hex(const u_char *key, char *out);
 
 /* The stores' own parts (idem_lmdb.c, idem_redis.c). */
 ric_idem_store_t *ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base,

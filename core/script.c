@@ -733,35 +733,20 @@ static void
 push_fields(ric_str_t f)
 {
     const u_char *p = f.data, *end = f.data + f.len, *colon, *eol;
-    char lower[256];
-    size_t k;
+    ric_str_t name, value;
 
     lua_newtable(L);
     while (p != NULL && p < end) {
         eol = memchr(p, '\n', (size_t) (end - p));
-        colon = memchr(p, ':', (size_t) ((eol ? eol : end) - p));
-        if (colon == NULL || eol == NULL) {
+        colon = eol != NULL ? memchr(p, ':', (size_t) (eol - p)) : NULL;
+        if (colon == NULL) {
             break;
         }
-        for (k = 0; p + k < colon && k < sizeof(lower); k++) {
-            lower[k] = (char) tolower(p[k]);
-        }
-        lua_pushlstring(L, lower, k);                          /* t name */
-        colon += colon + 1 < eol && colon[1] == ' ' ? 2 : 1;
-        lua_pushvalue(L, -1);
-        lua_rawget(L, -3);                                     /* t name old */
-        lua_pushlstring(L, (const char *) colon, (size_t) (eol - colon - (eol[-1] == '\r')));
-        if (lua_isnil(L, -2)) {
-            lua_remove(L, -2);                                 /* t name value */
-        } else if (lua_isstring(L, -2)) {
-            lua_createtable(L, 2, 0);                          /* t name old value list */
-            lua_insert(L, -3);                                 /* t name list old value */
-            lua_rawseti(L, -3, 2);
-            lua_rawseti(L, -2, 1);                             /* t name list */
-        } else {
-            lua_rawseti(L, -2, (int) lua_objlen(L, -2) + 1);   /* t name list */
-        }
-        lua_rawset(L, -3);                                     /* t */
+        name.data = p;
+        name.len = (size_t) (colon - p);
+        value.data = colon + (colon + 1 < eol && colon[1] == ' ' ? 2 : 1);
+        value.len = (size_t) (eol - value.data) - (eol[-1] == '\r');
+        ric_script_api_add_field(L, name, value);
         p = eol + 1;
     }
 }

@@ -124,6 +124,24 @@ is_reserved(const char *name, size_t n)
     return 0;
 }
 
+/* A set_header's field (value NULL: removed): a token name, not a framing
+ * field, a value without control bytes; else an error where the script
+ * called (what: "req:set_header"). */
+static void
+check_field(lua_State *L, const char *what, const char *name, size_t n, const char *value,
+            size_t vn)
+{
+    if (!is_token(name, n)) {
+        script_error(L, "%s: \"%s\" is not a valid field name", what, name);
+    }
+    if (is_reserved(name, n)) {
+        script_error(L, "%s: %s is the gateway's to set", what, name);
+    }
+    if (value != NULL && !is_value(value, vn)) {
+        script_error(L, "%s: the value of %s has control characters", what, name);
+    }
+}
+
 static ric_header_edit_t *
 find_edit_in(ric_header_edit_t *list, const char *name, size_t n)
 {
@@ -191,42 +209,46 @@ req_header(lua_State *L)
     return 1;
 }
 
-/* Every field the client sent: lowercase name -> value, or a list of the
- * values when the name repeats (in order). */
+void
+ric_script_api_add_field(lua_State *L, ric_str_t name, ric_str_t value)
+{
+    char lower[256];
+    size_t k;
+
+    for (k = 0; k < name.len && k < sizeof(lower); k++) {
+        lower[k] = (char) tolower(name.data[k]);
+    }
+    lua_pushlstring(L, lower, k);                          /* t name */
+    lua_pushvalue(L, -1);                                  /* t name name */
+    lua_rawget(L, -3);                                     /* t name old */
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);                                     /* t name */
+        push_str(L, value);                                /* t name value */
+    } else if (lua_isstring(L, -1)) {
+        lua_createtable(L, 2, 0);                          /* t name old list */
+        lua_insert(L, -2);                                 /* t name list old */
+        lua_rawseti(L, -2, 1);                             /* t name list */
+        push_str(L, value);
+        lua_rawseti(L, -2, 2);
+    } else {
+        push_str(L, value);                                /* t name list value */
+        lua_rawseti(L, -2, (int) lua_objlen(L, -2) + 1);   /* t name list */
+    }
+    lua_rawset(L, -3);                                     /* t */
+}
+
+/* Every field the client sent (ric_script_api_add_field's table). */
 static int
 req_headers(lua_State *L)
 {
     ric_request_t *r = current(L);
     const ric_http_msg_t *m = r->msg;
-    ric_str_t name, value;
-    char lower[256];
     unsigned i;
-    size_t k;
 
     lua_createtable(L, 0, (int) m->nfields);
     for (i = 0; i < m->nfields; i++) {
-        name = ric_field_name(r->c->in, m, i);
-        value = ric_field_value(r->c->in, m, i);
-        for (k = 0; k < name.len && k < sizeof(lower); k++) {
-            lower[k] = (char) tolower(name.data[k]);
-        }
-        lua_pushlstring(L, lower, k);                          /* t name */
-        lua_pushvalue(L, -1);                                  /* t name name */
-        lua_rawget(L, -3);                                     /* t name old */
-        if (lua_isnil(L, -1)) {
-            lua_pop(L, 1);                                     /* t name */
-            push_str(L, value);                                /* t name value */
-        } else if (lua_isstring(L, -1)) {
-            lua_createtable(L, 2, 0);                          /* t name old list */
-            lua_insert(L, -2);                                 /* t name list old */
-            lua_rawseti(L, -2, 1);                             /* t name list */
-            push_str(L, value);
-            lua_rawseti(L, -2, 2);
-        } else {
-            push_str(L, value);                                /* t name list value */
-            lua_rawseti(L, -2, (int) lua_objlen(L, -2) + 1);   /* t name list */
-        }
-        lua_rawset(L, -3);                                     /* t */
+        ric_script_api_add_field(L, ric_field_name(r->c->in, m, i),
+                                 ric_field_value(r->c->in, m, i));
     }
     return 1;
 }
@@ -242,15 +264,7 @@ req_set_header(lua_State *L)
     ric_str_t a = { (const u_char *) name, n }, b = { (const u_char *) key_header,
                                                       strlen(key_header) };
 
-    if (!is_token(name, n)) {
-        return script_error(L, "req:set_header: \"%s\" is not a valid field name", name);
-    }
-    if (is_reserved(name, n)) {
-        return script_error(L, "req:set_header: %s is the gateway's to set", name);
-    }
-    if (value != NULL && !is_value(value, vn)) {
-        return script_error(L, "req:set_header: the value of %s has control characters", name);
-    }
+    check_field(L, "req:set_header", name, n, value, vn);
     edit_in(r, &r->edits, name, n, value, vn);
     if (ric_str_eq_nocase(a, b)) {
         /* the key field is the key: replay safety follows what is sent */
@@ -428,15 +442,7 @@ res_set_header(lua_State *L)
     if (!ric_script_in_on_response) {
         return script_error(L, "res:set_header can only be called in on_response");
     }
-    if (!is_token(name, n)) {
-        return script_error(L, "res:set_header: \"%s\" is not a valid field name", name);
-    }
-    if (is_reserved(name, n)) {
-        return script_error(L, "res:set_header: %s is the gateway's to set", name);
-    }
-    if (value != NULL && !is_value(value, vn)) {
-        return script_error(L, "res:set_header: the value of %s has control characters", name);
-    }
+    check_field(L, "res:set_header", name, n, value, vn);
     edit_in(r, &r->res_edits, name, n, value, vn);
     return 0;
 }

@@ -16,4 +16,9 @@ void ric_script_api_undo(ric_request_t *r);
  * then the request's own answer. */
 int ric_script_api_respond(ric_request_t *r);
 
+/* Adds a field to the table on top of the stack as a script sees fields
+ * (req:headers(), on_log's ctx.headers): its name lowercased -> value, or
+ * a list of the values, in order, when the name repeats. */
+void ric_script_api_add_field(lua_State *L, ric_str_t name, ric_str_t value);
+
 #endif /* RIC_SCRIPT_API_H */

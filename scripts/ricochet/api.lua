@@ -40,9 +40,8 @@ return function(B)
     -- and method tables are nobody's field), and writes only the fields listed as writable. The gateway
     -- fills the fields table (api.req_fields, ...) before each call.
     -- fields made on first read, by name: what a script never reads, its request never pays for
-    local LAZY = { ctx = function() return B.ctx() end }
-    local LAZY_REQ = { ctx = LAZY.ctx, client = function() return B.req_client() end,
-        id = function() return B.req_id() end }
+    local LAZY = { ctx = B.ctx }
+    local LAZY_REQ = { ctx = B.ctx, client = B.req_client, id = B.req_id }
 
     local function object(name, methods, writable)
         -- fields, then methods: two plain lookups (no Lua function per read), and neither table is a
@@ -90,14 +89,19 @@ return function(B)
         return B.req_header(name)
     end
 
-    function Req:set_header(name, value)
-        method(self, "req", "req:set_header")
-        check_string(name, "req:set_header's name", 2)
+    -- a set_header's arguments: a string name, a string (or number) value or nil; the value to send
+    local function field_value(what, name, value)
+        check_string(name, what .. "'s name", 3)
         if value ~= nil then
             if type(value) == "number" then value = tostring(value) end
-            check_string(value, "req:set_header's value", 2)
+            check_string(value, what .. "'s value", 3)
         end
-        B.req_set_header(name, value)
+        return value
+    end
+
+    function Req:set_header(name, value)
+        method(self, "req", "req:set_header")
+        B.req_set_header(name, field_value("req:set_header", name, value))
     end
 
     function Req:body()
@@ -179,12 +183,7 @@ return function(B)
 
     function Res:set_header(name, value)
         method(self, "res", "res:set_header")
-        check_string(name, "res:set_header's name", 2)
-        if value ~= nil then
-            if type(value) == "number" then value = tostring(value) end
-            check_string(value, "res:set_header's value", 2)
-        end
-        B.res_set_header(name, value)
+        B.res_set_header(name, field_value("res:set_header", name, value))
     end
 
     function Res:retry_after()

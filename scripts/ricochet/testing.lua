@@ -184,6 +184,17 @@ function kit.retry_after_ms(v, now)
     return (t - now) * 1000
 end
 
+-- A set_header's field, as the gateway checks it: a token name, not a framing field, no control bytes.
+local function check_field(what, name, value)
+    if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
+        error(('%s: "%s" is not a valid field name'):format(what, name), 4)
+    end
+    if RESERVED[name:lower()] then error(("%s: %s is the gateway's to set"):format(what, name), 4) end
+    if value and value:find("[%z\1-\8\10-\31\127]") then
+        error(("%s: the value of %s has control characters"):format(what, name), 4)
+    end
+end
+
 -- One binding per object: st holds what the gateway would hold for that request or response.
 local function binding(st)
     local B = {}
@@ -194,13 +205,7 @@ local function binding(st)
     end
     function B.req_set_header(name, value)
         in_on_request("req:set_header")
-        if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
-            error(('req:set_header: "%s" is not a valid field name'):format(name), 3)
-        end
-        if RESERVED[name:lower()] then error(("req:set_header: %s is the gateway's to set"):format(name), 3) end
-        if value and value:find("[%z\1-\8\10-\31\127]") then
-            error(("req:set_header: the value of %s has control characters"):format(name), 3)
-        end
+        check_field("req:set_header", name, value)
         st.edits[name:lower()] = value or false
         if name:lower() == st.key_header:lower() then -- the key field is the key, as in the gateway
             st.key = value
@@ -254,13 +259,7 @@ local function binding(st)
         if running_hook ~= "on_response" then
             error("res:set_header can only be called in on_response", 3)
         end
-        if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
-            error(('res:set_header: "%s" is not a valid field name'):format(name), 3)
-        end
-        if RESERVED[name:lower()] then error(("res:set_header: %s is the gateway's to set"):format(name), 3) end
-        if value and value:find("[%z\1-\8\10-\31\127]") then
-            error(("res:set_header: the value of %s has control characters"):format(name), 3)
-        end
+        check_field("res:set_header", name, value)
         st.res_edits = st.res_edits or {}
         st.res_edits[name:lower()] = value or false
     end

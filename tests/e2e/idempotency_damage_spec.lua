@@ -13,30 +13,12 @@ local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
 end
 
-local key_n = 0
-local function new_key()
-    key_n = key_n + 1
-    return ("dmg-%d-%d"):format(os.time(), key_n)
-end
+local I = require("idem_helpers")
+local function new_key() return I.new_key("dmg") end
 
--- A keyed POST to /pay (or path).
-local function post(port, key, body, path)
-    local headers = { { "Content-Type", "application/json" } }
-    if key then headers[#headers + 1] = { "Idempotency-Key", key } end
-    return H.request(port, { method = "POST", path = path or "/pay", headers = headers,
-        body = body or '{"amount":10}' })
-end
-
--- A repeat of a request just answered may find its key still in flight for a moment (the store is written as
--- the request ends): 409 with Retry-After. It retries that, briefly.
-local function repeat_post(port, key, body, path)
-    local last
-    H.wait_until(function()
-        last = post(port, key, body, path)
-        return not (last and last.status == 409 and last.body:find("idempotency-key-in-use", 1, true))
-    end, 3)
-    return last
-end
+-- A keyed POST to /pay (or path), and its repeat that waits out a key still in flight.
+local function post(port, key, body, path) return I.post(port, path or "/pay", key, body) end
+local function repeat_post(port, key, body, path) return I.repeat_post(port, path or "/pay", key, body) end
 
 -- Line 10 is the idempotency_store directive: the errors name it. {{RECOVER}} is on line 4 (http level),
 -- {{SERVER_RECOVER}} on line 9 (server level).
@@ -77,10 +59,7 @@ http {
 }
 ]]
 
-local function problem_type(resp)
-    local ok, doc = pcall(H.json.decode, resp and resp.body or "")
-    return ok and type(doc) == "table" and doc.type or nil
-end
+local problem_type = I.problem_type
 
 -- SHA-256 of bytes (they may hold NULs), by `openssl dgst`, as 32 raw bytes.
 local function sha256(bytes, scratch)

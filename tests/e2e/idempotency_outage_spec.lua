@@ -10,16 +10,9 @@ local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
 end
 
-local key_n = 0
-local function new_key()
-    key_n = key_n + 1
-    return ("outage-%d-%d"):format(os.time(), key_n)
-end
-
-local function problem_type(resp)
-    local ok, doc = pcall(H.json.decode, resp and resp.body or "")
-    return ok and type(doc) == "table" and doc.type or nil
-end
+local I = require("idem_helpers")
+local problem_type = I.problem_type
+local function new_key() return I.new_key("outage") end
 
 local function is_in_use(r)
     return r and r.status == 409 and problem_type(r) == "urn:ricochet:problem:idempotency-key-in-use"

@@ -8,30 +8,9 @@ local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
 end
 
-local key_n = 0
-local function new_key()
-    key_n = key_n + 1
-    return ("key-%d-%d"):format(os.time(), key_n)
-end
-
-local function post(port, path, key, body, extra)
-    local headers = { { "Content-Type", "application/json" } }
-    if key then headers[#headers + 1] = { "Idempotency-Key", key } end
-    for _, h in ipairs(extra or {}) do headers[#headers + 1] = h end
-    return H.request(port, { method = "POST", path = path, headers = headers, body = body or '{"amount":10}' })
-end
-
--- A repeat of a request that has just been answered. The answer reaches the client a moment before the
--- gateway's store has it (the store is written as the request ends), so a repeat sent at once may still
--- find the key in flight: 409 with Retry-After, as a client would be told. It retries that, briefly.
-local function repeat_post(port, path, key, body, extra)
-    local last
-    H.wait_until(function()
-        last = post(port, path, key, body, extra)
-        return not (last and last.status == 409 and last.body:find("idempotency-key-in-use", 1, true))
-    end, 3)
-    return last
-end
+local I = require("idem_helpers")
+local post, repeat_post = I.post, I.repeat_post
+local function new_key() return I.new_key("key") end
 
 -- Sends the same keyed POST on n connections at once, then reads every answer.
 local function concurrent(ports, n, path, key, body)
@@ -51,10 +30,7 @@ local function concurrent(ports, n, path, key, body)
     return out
 end
 
-local function problem_type(resp)
-    local ok, doc = pcall(H.json.decode, resp.body or "")
-    return ok and type(doc) == "table" and doc.type or nil
-end
+local problem_type = I.problem_type
 
 local CONF = [[
 worker_processes 2;
