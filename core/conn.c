@@ -425,6 +425,24 @@ ric_conn_head_append(ric_conn_t *c, const void *p, size_t n)
     ric_buf_put(&c->out, p, n);
 }
 
+size_t
+ric_conn_head_len(const ric_conn_t *c)
+{
+    return c->out.len;
+}
+
+ric_str_t
+ric_conn_head_since(const ric_conn_t *c, size_t from, ric_pool_t *pool)
+{
+    ric_str_t v = ric_null_string;
+
+    if (from < c->out.len) {
+        v.len = c->out.len - from;
+        v.data = (const u_char *) ric_pstrndup(pool, (const char *) c->out.data + from, v.len);
+    }
+    return v;
+}
+
 int
 ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
 {

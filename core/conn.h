@@ -112,6 +112,11 @@ void ric_conn_close_after(ric_conn_t *c);
 /* Appends bytes to the answer's head. */
 void ric_conn_head_append(ric_conn_t *c, const void *p, size_t n);
 
+/* How long the head being built is, and a pool copy of it from such a
+ * length on (what a script's on_log sees of the answer's fields). */
+size_t ric_conn_head_len(const ric_conn_t *c);
+ric_str_t ric_conn_head_since(const ric_conn_t *c, size_t from, ric_pool_t *pool);
+
 /* Writes the rest of the head, then data[0, n). RIC_OK: all of it went
  * out. RIC_AGAIN: *taken bytes of data did (the rest waits for the
  * client; ric_request_client_writable follows, or the request ends as

@@ -98,3 +98,36 @@ ric_headers_hop_by_hop(const u_char *buf, const ric_http_msg_t *m, ric_str_t nam
     }
     return 0;
 }
+
+int
+ric_lines_next(ric_str_t *rest, ric_str_t *name, ric_str_t *value)
+{
+    const u_char *p = rest->data, *end = p + rest->len, *colon, *eol, *v;
+
+    if (rest->len == 0 || (eol = memchr(p, '\n', rest->len)) == NULL
+        || (colon = memchr(p, ':', (size_t) (eol - p))) == NULL) {
+        return 0;
+    }
+    for (v = colon + 1; v < eol && (*v == ' ' || *v == '\t'); v++) {
+    }
+    name->data = p;
+    name->len = (size_t) (colon - p);
+    value->data = v;
+    value->len = (size_t) (eol - v) - (eol > v && eol[-1] == '\r');
+    rest->data = eol + 1;
+    rest->len = (size_t) (end - rest->data);
+    return 1;
+}
+
+ric_str_t
+ric_lines_find(ric_str_t lines, const char *name)
+{
+    ric_str_t want = cstr(name), n, v, none = ric_null_string;
+
+    while (want.len > 0 && ric_lines_next(&lines, &n, &v)) {
+        if (ric_str_eq_nocase(n, want)) {
+            return v;
+        }
+    }
+    return none;
+}

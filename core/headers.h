@@ -33,4 +33,12 @@ int ric_headers_count(const u_char *buf, const ric_http_msg_t *m, const char *na
  * fields list, however many they are. */
 int ric_headers_hop_by_hop(const u_char *buf, const ric_http_msg_t *m, ric_str_t name);
 
+/* Fields kept as text, "Name: value\r\n" each (the gateway's own answers,
+ * a stored answer, the head as sent): the next one of *rest, which moves
+ * past it; 0 at the end. */
+int ric_lines_next(ric_str_t *rest, ric_str_t *name, ric_str_t *value);
+
+/* The first of those lines named name (any case); .data == NULL when absent. */
+ric_str_t ric_lines_find(ric_str_t lines, const char *name);
+
 #endif /* RIC_HEADERS_H */

@@ -54,7 +54,6 @@ problem(ric_request_t *r, int status, const char *type, const char *title, const
                  "\"detail\":\"%s\"}\n", type, title, status, detail);
     n = ric_min(n, (int) sizeof(body) - 1);
     r->own_custom = 1;
-    r->own_typed = 1;
     r->own_fields.data = (const u_char *) (later ? ctype_later : ctype);
     r->own_fields.len = later ? sizeof(ctype_later) - 1 : sizeof(ctype) - 1;
     r->own_body.data = (const u_char *) ric_pstrndup(r->pool, body, (size_t) n);
@@ -74,7 +73,6 @@ replay(ric_request_t *r, const ric_idem_record_t *rec)
     memcpy(fields, rec->fields.data, flen);
     memcpy(fields + flen, mark, sizeof(mark) - 1);
     r->own_custom = 1;
-    r->own_typed = 1; /* the upstream's fields, Content-Type or not */
     r->own_fields.data = fields;
     r->own_fields.len = flen + sizeof(mark) - 1;
     r->own_body.data = (const u_char *) ric_pstrndup(r->pool, (const char *) rec->body.data,

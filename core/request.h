@@ -92,8 +92,8 @@ struct ric_request_s {
     char minted_key[40];      /* idempotency_key auto: one key for every attempt */
     ric_header_edit_t *edits; /* header edits for the upstream (scripts) */
     ric_header_edit_t *res_edits; /* ...and for the client's answer (on_response) */
-    ric_str_t answer_fields;  /* the upstream answer's fields as the client got them, "Name:
-                               * value\r\n" each (pool), kept for a script's on_log */
+    ric_str_t answer_fields;  /* the answer's fields as the client got them, "Name: value\r\n"
+                               * each (pool), kept for a script's on_log */
 
     ric_attempts_t attempts;  /* attempt.c's state across tries */
     ric_attempt_t *answer;    /* the attempt whose response the client gets */
@@ -120,7 +120,6 @@ struct ric_request_s {
     int own_custom;
     ric_str_t own_fields;      /* "Name: value\r\n" each (pool) */
     ric_str_t own_body;        /* (pool) */
-    int own_typed;             /* own_fields have a Content-Type */
 
     struct ric_idem_s *idem;   /* the idempotency store's state (idem.c); NULL: none */
     /* the answer's body as relayed, for whoever keeps a copy (idem.c):

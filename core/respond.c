@@ -8,58 +8,6 @@
 
 #include <stdio.h>
 
-/* The gateway's own answer, with a short text body; or one with fields
- * and a body of its own (a script's req:respond, the idempotency store's
- * replay or problem). */
-static void
-own_head(ric_request_t *r)
-{
-    ric_conn_t *c = r->c;
-    char head[512], body[128];
-    const char *reason = ric_http_status_text(r->status);
-    const char *type = "Content-Type: text/plain\r\n";
-    const u_char *b = (const u_char *) body;
-    size_t blen;
-    int hlen, keep = ric_conn_keepalive(c);
-    ric_str_t fields = ric_null_string;
-
-    if (r->own_custom) {
-        fields = r->own_fields;
-        b = r->own_body.data;
-        blen = r->own_body.len;
-        if (r->own_typed) {
-            type = "";
-        }
-    } else {
-        blen = (size_t) snprintf(body, sizeof(body), "%d %s\n", r->status, reason);
-    }
-    if (r->status == 204 || r->status == 304) {
-        type = ""; /* no body, no length (a script's answer) */
-        blen = 0;
-    }
-    hlen = snprintf(head, sizeof(head),
-                    "HTTP/1.1 %d %s\r\n"
-                    "Server: ricochet\r\n"
-                    "Date: %s\r\n"
-                    "%s",
-                    r->status, reason, ric_worker_date(c->worker), type);
-    if (r->status != 204 && r->status != 304) {
-        hlen += snprintf(head + hlen, sizeof(head) - (size_t) hlen, "Content-Length: %zu\r\n",
-                         blen);
-    }
-    hlen += snprintf(head + hlen, sizeof(head) - (size_t) hlen, "%s",
-                     !keep ? "Connection: close\r\n"
-                     : r->msg->version == 10 ? "Connection: keep-alive\r\n" : "");
-    ric_conn_head_append(c, head, (size_t) hlen);
-    if (fields.len > 0) {
-        ric_conn_head_append(c, fields.data, fields.len);
-    }
-    ric_conn_head_append(c, "\r\n", 2);
-    if (!(r->msg->method == RIC_HTTP_HEAD && r->msg->head_len > 0)) {
-        ric_conn_head_append(c, b, blen);
-    }
-}
-
 /* Whether the route script's on_response set or removed the field. */
 static int
 edited(const ric_request_t *r, ric_str_t name)
@@ -74,27 +22,117 @@ edited(const ric_request_t *r, ric_str_t name)
     return 0;
 }
 
+static void
+field(ric_conn_t *c, ric_str_t name, const u_char *value, size_t len)
+{
+    ric_conn_head_append(c, name.data, name.len);
+    ric_conn_head_append(c, ": ", 2);
+    ric_conn_head_append(c, value, len);
+    ric_conn_head_append(c, "\r\n", 2);
+}
+
+/* The fields on_response set; whether one is a Date. */
+static int
+edits(ric_request_t *r)
+{
+    const ric_header_edit_t *e;
+    int has_date = 0;
+
+    for (e = r->res_edits; e; e = e->next) {
+        if (e->value.data != NULL) {
+            has_date = has_date || ric_str_eq_lower(e->name, "date");
+            field(r->c, e->name, e->value.data, e->value.len);
+        }
+    }
+    return has_date;
+}
+
+static void
+date(ric_conn_t *c)
+{
+    static const ric_str_t name = ric_string("Date");
+    const char *d = ric_worker_date(c->worker);
+
+    field(c, name, (const u_char *) d, strlen(d));
+}
+
+/* Connection, when the answer's version or the connection's end needs it. */
+static void
+connection(ric_request_t *r)
+{
+    if (!ric_conn_keepalive(r->c)) {
+        ric_conn_head_append(r->c, "Connection: close\r\n", 19);
+    } else if (r->msg->version == 10) {
+        ric_conn_head_append(r->c, "Connection: keep-alive\r\n", 24);
+    }
+}
+
+ric_str_t
+ric_respond_own_fields(const ric_request_t *r)
+{
+    static const ric_str_t text = ric_string("Content-Type: text/plain\r\n"), none = { NULL, 0 };
+
+    return r->own_custom ? r->own_fields : r->status == 204 || r->status == 304 ? none : text;
+}
+
+/* The gateway's own answer's body: a short text, or a script's or the
+ * idempotency store's; none for a 204 or 304. */
+static ric_str_t
+own_body(const ric_request_t *r, char *buf, size_t size)
+{
+    ric_str_t b = ric_null_string;
+
+    if (r->status == 204 || r->status == 304) {
+        return b;
+    }
+    if (r->own_custom) {
+        return r->own_body;
+    }
+    b.data = (const u_char *) buf;
+    b.len = (size_t) snprintf(buf, size, "%d %s\n", r->status, ric_http_status_text(r->status));
+    return b;
+}
+
+/* The gateway's own answer's fields: its Server and Date, the answer's
+ * own (ric_respond_own_fields), the length; with on_response's edits. */
+static void
+own_head(ric_request_t *r)
+{
+    static const ric_str_t server = ric_string("Server");
+    ric_conn_t *c = r->c;
+    char line[64], buf[128];
+    int n;
+    ric_str_t rest = ric_respond_own_fields(r), name, value;
+
+    if (!edited(r, server)) {
+        ric_conn_head_append(c, "Server: ricochet\r\n", 18);
+    }
+    while (ric_lines_next(&rest, &name, &value)) {
+        if (!edited(r, name)) {
+            field(c, name, value.data, value.len);
+        }
+    }
+    if (!edits(r)) {
+        date(c);
+    }
+    if (r->status != 204 && r->status != 304) {
+        n = snprintf(line, sizeof(line), "Content-Length: %zu\r\n",
+                     own_body(r, buf, sizeof(buf)).len);
+        ric_conn_head_append(c, line, (size_t) n);
+    }
+    connection(r);
+}
+
 /* The upstream's head as the client gets it (with on_response's edits). */
 static void
 upstream_head(ric_request_t *r)
 {
-    const ric_header_edit_t *e;
     ric_conn_t *c = r->c;
     ric_http1_t *h = &r->answer->client;
     const ric_http_msg_t *m = &h->resp;
-    const char *date;
-    char line[64];
     unsigned i;
-    int n, has_date = 0, keep;
+    int has_date = 0;
 
-    if (m->body == RIC_BODY_CLOSE || h->dechunk) {
-        ric_conn_close_after(c); /* the body's end is the connection's */
-    }
-    keep = ric_conn_keepalive(c);
-    n = snprintf(line, sizeof(line), "HTTP/1.1 %03d ", m->status);
-    ric_conn_head_append(c, line, (size_t) n);
-    ric_conn_head_append(c, h->buf + m->reason_off, m->reason_len);
-    ric_conn_head_append(c, "\r\n", 2);
     for (i = 0; i < m->nfields; i++) {
         ric_str_t name = ric_field_name(h->buf, m, i);
         if (ric_headers_hop_by_hop(h->buf, m, name)
@@ -106,33 +144,55 @@ upstream_head(ric_request_t *r)
         has_date = has_date || ric_str_eq_lower(name, "date");
         /* name, ": ", value are contiguous in what the upstream sent only
          * up to OWS, so copy the parts */
-        ric_conn_head_append(c, name.data, name.len);
-        ric_conn_head_append(c, ": ", 2);
-        ric_conn_head_append(c, h->buf + m->fields[i].value_off, m->fields[i].value_len);
-        ric_conn_head_append(c, "\r\n", 2);
+        field(c, name, h->buf + m->fields[i].value_off, m->fields[i].value_len);
     }
-    for (e = r->res_edits; e; e = e->next) {
-        if (e->value.data != NULL) { /* the route script's on_response */
-            has_date = has_date || ric_str_eq_lower(e->name, "date");
-            ric_conn_head_append(c, e->name.data, e->name.len);
-            ric_conn_head_append(c, ": ", 2);
-            ric_conn_head_append(c, e->value.data, e->value.len);
-            ric_conn_head_append(c, "\r\n", 2);
-        }
+    if (!(edits(r) | has_date)) {
+        date(c); /* RFC 9110 §6.6.1: a proxy adds the Date an origin did not send */
     }
-    if (!has_date) {
-        /* RFC 9110 §6.6.1: a proxy adds the Date an origin did not send */
-        date = ric_worker_date(c->worker);
-        ric_conn_head_append(c, "Date: ", 6);
-        ric_conn_head_append(c, date, strlen(date));
-        ric_conn_head_append(c, "\r\n", 2);
+    connection(r);
+}
+
+/* The answer's head: the status line, on_response's run, the fields (kept
+ * for on_log when its script has one), the blank line; an own answer's
+ * body joins the head. */
+static void
+head(ric_request_t *r)
+{
+    ric_conn_t *c = r->c;
+    const ric_http1_t *h = r->answer ? &r->answer->client : NULL;
+    char line[64], buf[128];
+    size_t from;
+    int n, keep;
+    ric_str_t b;
+
+    r->status = h ? h->resp.status : r->status;
+    keep = ric_script_on_response(r);
+    if (h != NULL && (h->resp.body == RIC_BODY_CLOSE || h->dechunk)) {
+        ric_conn_close_after(c); /* the body's end is the connection's */
     }
-    if (!keep) {
-        ric_conn_head_append(c, "Connection: close\r\n", 19);
-    } else if (r->msg->version == 10) {
-        ric_conn_head_append(c, "Connection: keep-alive\r\n", 24);
+    n = snprintf(line, sizeof(line), "HTTP/1.1 %03d ", r->status);
+    ric_conn_head_append(c, line, (size_t) n);
+    if (h != NULL) {
+        ric_conn_head_append(c, h->buf + h->resp.reason_off, h->resp.reason_len);
+    } else {
+        ric_conn_head_append(c, ric_http_status_text(r->status),
+                             strlen(ric_http_status_text(r->status)));
     }
     ric_conn_head_append(c, "\r\n", 2);
+    from = ric_conn_head_len(c);
+    if (h != NULL) {
+        upstream_head(r);
+    } else {
+        own_head(r);
+    }
+    if (keep) {
+        r->answer_fields = ric_conn_head_since(c, from, r->pool);
+    }
+    ric_conn_head_append(c, "\r\n", 2);
+    if (h == NULL && !(r->msg->method == RIC_HTTP_HEAD && r->msg->head_len > 0)) {
+        b = own_body(r, buf, sizeof(buf));
+        ric_conn_head_append(c, b.data, b.len);
+    }
 }
 
 int
@@ -144,15 +204,9 @@ ric_respond_phase(ric_request_t *r)
 
     if (!r->responding) {
         r->responding = 1;
-        if (r->answer == NULL) {
-            own_head(r);
-        } else {
-            r->status = r->answer->client.resp.status;
-            ric_script_on_response(r);
-            upstream_head(r);
-            if (r->tap != NULL) {
-                r->tap(r, NULL, 0);
-            }
+        head(r);
+        if (r->answer != NULL && r->tap != NULL) {
+            r->tap(r, NULL, 0);
         }
     }
     if (r->answer == NULL) {

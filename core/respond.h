@@ -16,4 +16,8 @@ void ric_respond_relay(ric_request_t *r);
  * cut short and its connection closes. */
 void ric_respond_broken(ric_request_t *r, int err, const char *what);
 
+/* The gateway's own answer's fields, "Name: value\r\n" each, as a route
+ * script's on_response sees them (not Server, Date or the framing). */
+ric_str_t ric_respond_own_fields(const ric_request_t *r);
+
 #endif /* RIC_RESPOND_H */

@@ -688,100 +688,47 @@ ric_script_on_request(ric_request_t *r)
     return ric_script_api_respond(r) ? RIC_DONE : RIC_OK;
 }
 
-/* The answer's fields as the client gets them (on_response's edits made),
- * copied for on_log: the attempt that holds them is gone by then. */
-static void
-keep_answer_fields(ric_request_t *r)
-{
-    const ric_http1_t *h = &r->answer->client;
-    const ric_http_msg_t *m = &h->resp;
-    const ric_header_edit_t *e;
-    ric_buf_t b = { NULL, 0, 0 };
-    ric_str_t name;
-    unsigned i;
-
-    for (i = 0; i < m->nfields; i++) {
-        name = ric_field_name(h->buf, m, i);
-        for (e = r->res_edits; e && !ric_str_eq_nocase(e->name, name); e = e->next) {
-        }
-        if (e != NULL || ric_headers_hop_by_hop(h->buf, m, name)) {
-            continue;
-        }
-        ric_buf_put(&b, name.data, name.len);
-        ric_buf_put(&b, ": ", 2);
-        ric_buf_put(&b, h->buf + m->fields[i].value_off, m->fields[i].value_len);
-        ric_buf_put(&b, "\r\n", 2);
-    }
-    for (e = r->res_edits; e; e = e->next) {
-        if (e->value.data != NULL) {
-            ric_buf_put(&b, e->name.data, e->name.len);
-            ric_buf_put(&b, ": ", 2);
-            ric_buf_put(&b, e->value.data, e->value.len);
-            ric_buf_put(&b, "\r\n", 2);
-        }
-    }
-    if (b.len > 0) {
-        r->answer_fields.data = (const u_char *) ric_pstrndup(r->pool, (const char *) b.data, b.len);
-        r->answer_fields.len = b.len;
-    }
-    ric_buf_free(&b);
-}
-
 /* ctx.headers: "Name: value\r\n" lines as lowercase name -> value, or a
  * list of the values of a name that repeats. */
 static void
 push_fields(ric_str_t f)
 {
-    const u_char *p = f.data, *end = f.data + f.len, *colon, *eol;
     ric_str_t name, value;
 
     lua_newtable(L);
-    while (p != NULL && p < end) {
-        eol = memchr(p, '\n', (size_t) (end - p));
-        colon = eol != NULL ? memchr(p, ':', (size_t) (eol - p)) : NULL;
-        if (colon == NULL) {
-            break;
-        }
-        name.data = p;
-        name.len = (size_t) (colon - p);
-        value.data = colon + (colon + 1 < eol && colon[1] == ' ' ? 2 : 1);
-        value.len = (size_t) (eol - value.data) - (eol[-1] == '\r');
+    while (ric_lines_next(&f, &name, &value)) {
         ric_script_api_add_field(L, name, value);
-        p = eol + 1;
     }
 }
 
-void
+int
 ric_script_on_response(ric_request_t *r)
 {
     ric_script_t *s = script_of(r);
     int top;
 
-    if (s == NULL || r->answer == NULL) {
-        return;
+    if (s == NULL) {
+        return 0;
     }
     use(s);
     if (rebuild_pending) {
         state_rebuild();
     }
     if (s->ref_on_response == LUA_NOREF) {
-        if (s->has_on_log) {
-            keep_answer_fields(r);
-        }
-        return;
+        return s->has_on_log;
     }
     top = lua_gettop(L);
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_response);
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res_fields);
-    lua_pushinteger(L, r->answer->client.resp.status);
+    lua_pushinteger(L, r->status);
     set_raw("status");
     push_ctx_if_made(r);
     set_raw("ctx");
     lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
 
     ric_script_request = r;
-    ric_script_attempt = r->answer;
+    ric_script_attempt = r->answer; /* NULL: the gateway's own answer */
     ric_script_in_on_response = 1;
     if (call(1, 0) != 0) {
         log_failure(s, "on_response", r);
@@ -791,9 +738,7 @@ ric_script_on_response(ric_request_t *r)
     ric_script_attempt = NULL;
     ric_script_request = NULL;
     lua_settop(L, top);
-    if (s->has_on_log) {
-        keep_answer_fields(r);
-    }
+    return s->has_on_log;
 }
 
 int
@@ -962,10 +907,8 @@ ric_script_log_cleanup(void *data)
     lua_setfield(L, -2, "attempts");
     push_ctx(r);
     lua_setfield(L, -2, "ctx");
-    /* the answer's fields as the client got them: the upstream's, or the
-     * gateway's own ones (a replay, a script's req:respond) */
-    push_fields(r->answer_fields.len > 0 ? r->answer_fields
-                : r->own_custom ? r->own_fields : (ric_str_t) ric_null_string);
+    /* the answer's fields as the client got them (none: it never began) */
+    push_fields(r->answer_fields);
     lua_setfield(L, -2, "headers");
     lua_pushcfunction(L, l_ctx_set);
     lua_setfield(L, -2, "set");

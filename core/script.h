@@ -60,10 +60,12 @@ extern ric_attempt_t *ric_script_attempt;
 extern int ric_script_in_on_request; /* req may be changed only then */
 extern int ric_script_in_on_response; /* ...and the answer's fields only then */
 
-/* The respond phase, before the head of an upstream's answer is sent: the
- * route script's on_response, which may set or remove the answer's fields
- * (r->res_edits). An error is logged and changes nothing. */
-void ric_script_on_response(ric_request_t *r);
+/* The respond phase, before the head of any answer is built (the
+ * upstream's or the gateway's own): the route script's on_response, which
+ * may set or remove the answer's fields (r->res_edits); an error is logged
+ * and changes nothing. Whether the script's on_log wants the fields as
+ * sent (r->answer_fields). */
+int ric_script_on_response(ric_request_t *r);
 
 /* Pushes r's own table (req.ctx), made on first use (script_api.c). */
 struct lua_State;

@@ -5,6 +5,7 @@
 #include "log.h"
 #include "request.h"
 #include "retry_after.h"
+#include "respond.h"
 #include "script.h"
 #include "shared_dict.h"
 
@@ -60,10 +61,23 @@ changing(lua_State *L, const char *what)
 static ric_attempt_t *
 current_attempt(lua_State *L)
 {
-    if (current(L) != NULL && ric_script_attempt == NULL) {
-        script_error(L, "res can only be used in classify");
+    if (current(L) != NULL && ric_script_attempt == NULL && !ric_script_in_on_response) {
+        script_error(L, "res can only be used in classify and on_response");
     }
     return ric_script_attempt;
+}
+
+/* A field of the answer res stands for: an attempt's, or in on_response
+ * the gateway's own answer's. */
+static ric_str_t
+res_field(lua_State *L, const char *name)
+{
+    ric_attempt_t *u = current_attempt(L);
+
+    if (u == NULL) {
+        return ric_lines_find(ric_respond_own_fields(ric_script_request), name);
+    }
+    return ric_headers_find(u->client.buf, &u->client.resp, name);
 }
 
 static void
@@ -350,6 +364,7 @@ req_respond(lua_State *L)
     size_t nlen, vlen, blen;
     const char *name, *value, *body;
     ric_buf_t h = { NULL, 0, 0 };
+    int typed = 0;
 
     luaL_checktype(L, 2, LUA_TTABLE);
     body = luaL_checklstring(L, 3, &blen);
@@ -363,7 +378,6 @@ req_respond(lua_State *L)
         return script_error(L, "req:respond: a body of %d bytes is over the %d a script may send",
                           (int) ric_min(blen, (size_t) INT32_MAX), RESPOND_MAX_BODY);
     }
-    r->own_typed = 0;
     n = (int) lua_objlen(L, 2);
     /* checked whole first: an error leaves nothing allocated behind */
     for (i = 1; i + 1 <= n; i += 2) {
@@ -386,12 +400,15 @@ req_respond(lua_State *L)
         lua_rawgeti(L, 2, i + 1);
         name = lua_tolstring(L, -2, &nlen);
         value = lua_tolstring(L, -1, &vlen);
-        r->own_typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
+        typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
         ric_buf_put(&h, name, nlen);
         ric_buf_puts(&h, ": ");
         ric_buf_put(&h, value, vlen);
         ric_buf_puts(&h, "\r\n");
         lua_pop(L, 2);
+    }
+    if (!typed && status != 204 && status != 304) {
+        ric_buf_puts(&h, "Content-Type: text/plain\r\n");
     }
     r->script_status = status;
     r->own_fields.data = (const u_char *) (h.len ? pool_copy(r, (char *) h.data, h.len) : "");
@@ -407,18 +424,14 @@ req_respond(lua_State *L)
 static int
 res_header(lua_State *L)
 {
-    ric_attempt_t *u = current_attempt(L);
-    const char *name = luaL_checkstring(L, 1);
-
-    push_str(L, ric_headers_find(u->client.buf, &u->client.resp, name));
+    push_str(L, res_field(L, luaL_checkstring(L, 1)));
     return 1;
 }
 
 static int
 res_retry_after(lua_State *L)
 {
-    ric_attempt_t *u = current_attempt(L);
-    ric_str_t v = ric_headers_find(u->client.buf, &u->client.resp, "retry-after");
+    ric_str_t v = res_field(L, "retry-after");
     int64_t ms;
 
     if (v.data != NULL && ric_retry_after_parse(v.data, v.len, time(NULL), &ms) == RIC_OK) {
@@ -453,6 +466,10 @@ res_body(lua_State *L)
     ric_attempt_t *u = current_attempt(L);
     ric_buf_t b = { NULL, 0, 0 };
 
+    if (u == NULL) {
+        lua_pushnil(L); /* the gateway's own answer: nothing of an upstream's to read */
+        return 1;
+    }
     if (u->peeked != 1) {
         /* no classify_body_max, or larger than it: by head only */
         if (ric_script_request->settings->classify_body_max == 0
