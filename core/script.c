@@ -35,6 +35,7 @@ typedef struct ric_script_state_s {
     lua_State *lua;
     ric_script_t *script;
     int ref_traceback, ref_prepare, ref_check, ref_ricochet;
+    int ref_sources;      /* file -> its text, as read at the first load (sandbox.lua) */
     int ref_req, ref_res, ref_attempt, ref_req_fields, ref_res_fields, ref_attempt_fields;
     size_t bytes;         /* counted by its allocator */
     int refused;          /* an allocation was refused during the current call */
@@ -50,6 +51,7 @@ static ric_script_t *scripts;
 #define ref_prepare (cur->ref_prepare)
 #define ref_check (cur->ref_check)
 #define ref_ricochet (cur->ref_ricochet)
+#define ref_sources (cur->ref_sources)
 #define ref_req (cur->ref_req)
 #define ref_res (cur->ref_res)
 #define ref_attempt (cur->ref_attempt)
@@ -306,6 +308,8 @@ state_init(char *err, size_t errlen)
         return RIC_ERROR;
     }
     lua_pop(L, 1);
+    lua_newtable(L);
+    ref_sources = luaL_ref(L, LUA_REGISTRYINDEX);
     return RIC_OK;
 }
 
@@ -334,7 +338,9 @@ load_hooks(const char *path, ric_script_t *s, char *err, size_t errlen)
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_prepare);
     lua_pushstring(L, path);
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_ricochet);
-    if (call(2, 2) != 0 || lua_isnil(L, -2)) {
+    lua_pushnil(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_sources);
+    if (call(4, 2) != 0 || lua_isnil(L, -2)) {
         snprintf(err, errlen, "%s", lua_isnil(L, -2) && lua_isstring(L, -1) ? lua_tostring(L, -1)
                                                                             : error_text());
         lua_settop(L, top);
@@ -404,12 +410,45 @@ state_rebuild(void)
 {
     ric_script_t *s = cur->script;
     char err[1024];
+    ric_buf_t texts = { NULL, 0, 0 };
+    const char *p;
+    size_t n, len;
+    int ok;
 
     rebuild_pending = 0;
+    /* the files as they were read first, not as they are on disk now: a
+     * worker's script does not change under it (a reload changes it) */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_sources);
+    lua_pushnil(L);
+    while (lua_next(L, -2) != 0) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TSTRING) {
+            for (n = 0; n < 2; n++) {
+                p = lua_tolstring(L, n == 0 ? -2 : -1, &len);
+                ric_buf_put(&texts, &len, sizeof(len));
+                ric_buf_put(&texts, p, len);
+            }
+        }
+        lua_pop(L, 1);
+    }
     lua_close(L);
     L = NULL;
     mem_used = 0;
-    if (state_init(err, sizeof(err)) != RIC_OK || load_hooks(s->path, s, err, sizeof(err)) != RIC_OK) {
+    ok = state_init(err, sizeof(err)) == RIC_OK;
+    if (ok) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ref_sources);
+        for (n = 0; n + sizeof(len) <= texts.len; ) {
+            memcpy(&len, texts.data + n, sizeof(len));
+            lua_pushlstring(L, (const char *) texts.data + n + sizeof(len), len);
+            n += sizeof(len) + len;
+            memcpy(&len, texts.data + n, sizeof(len));
+            lua_pushlstring(L, (const char *) texts.data + n + sizeof(len), len);
+            n += sizeof(len) + len;
+            lua_rawset(L, -3);
+        }
+        lua_pop(L, 1);
+    }
+    ric_buf_free(&texts);
+    if (!ok || load_hooks(s->path, s, err, sizeof(err)) != RIC_OK) {
         ric_log_error(RIC_LOG_ERR, 0, "route script %s cannot be made again: %s: it is off in this "
                       "worker", s->path, err);
         s->ref_on_request = s->ref_classify = s->ref_on_log = s->ref_on_response = LUA_NOREF;

@@ -2,8 +2,10 @@
 --
 -- The gateway and the test kit (ricochet.testing) both load scripts through this file, so a script sees
 -- the same world offline as in production. It returns
---   prepare(path, ricochet, bundled_dir) -> the script's main chunk, ready to run (the caller runs it,
---                                           bounded), or nil and "path:line: reason";
+--   prepare(path, ricochet, bundled_dir, sources) -> the script's main chunk, ready to run (the caller
+--                                           runs it, bounded), or nil and "path:line: reason"; sources
+--                                           (file -> text) is read before the disk and keeps what was read,
+--                                           so a state made again runs the text it first ran;
 --   check(path, route)                   -> route, or nil and a reason: what the chunk returned must be
 --                                           a table of hooks.
 local jit = rawget(_G, "jit")
@@ -14,12 +16,17 @@ local function copy(t)
     return c
 end
 
--- Reads path as Lua source text (never bytecode); returns the chunk with env as its environment.
-local function load_source(path, env)
-    local f, err = io.open(path, "rb")
-    if not f then return nil, ("cannot open %s"):format(err or path) end
-    local src = f:read("*a")
-    f:close()
+-- Reads path as Lua source text (never bytecode), from sources when it has it; returns the chunk with env
+-- as its environment.
+local function load_source(path, env, sources)
+    local src = sources[path]
+    if not src then
+        local f, err = io.open(path, "rb")
+        if not f then return nil, ("cannot open %s"):format(err or path) end
+        src = f:read("*a")
+        f:close()
+        sources[path] = src
+    end
     if src:byte(1) == 27 then
         return nil, path .. ": precompiled bytecode is not loaded, only Lua source"
     end
@@ -158,7 +165,8 @@ local function check(path, route)
     return route
 end
 
-local function prepare(path, ricochet, bundled_dir)
+local function prepare(path, ricochet, bundled_dir, sources)
+    sources = sources or {}
     local dir = path:match("^(.*)/[^/]*$") or "."
     local env = {
         assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = safe_pcall,
@@ -193,10 +201,10 @@ local function prepare(path, ricochet, bundled_dir)
             candidates[#candidates + 1] = bundled_dir .. "/" .. rel:gsub("^ricochet/", "")
         end
         for _, file in ipairs(candidates) do
-            local f = io.open(file, "rb")
-            if f then
-                f:close()
-                local chunk, err = load_source(file, env)
+            local f = not sources[file] and io.open(file, "rb")
+            if f then f:close() end
+            if sources[file] or f then
+                local chunk, err = load_source(file, env, sources)
                 if not chunk then error(err, 2) end
                 loading[name] = true
                 local ok, v = pcall(chunk, name)
@@ -210,7 +218,7 @@ local function prepare(path, ricochet, bundled_dir)
         error(("require: module %q not found (looked in %s; only the script's directory and the "
             .. "bundled ricochet.* modules)"):format(name, table.concat(candidates, ", ")), 2)
     end
-    return load_source(path, env)
+    return load_source(path, env, sources)
 end
 
 -- The gateway's clock check, run after long library calls (it raises STOPPED past the hook's bound).

@@ -49,7 +49,7 @@ end
 function route.on_request(req)
     local attack = attacks[req.path]
     if attack then attack() end
-    req:set_header("X-Script-Ran", "yes")
+    req:set_header("X-Script-Ran", require("tag"))
 end
 return route
 ]]
@@ -89,6 +89,7 @@ describe("a hostile route script", function()
     setup(function()
         up = H.start_upstream()
         H.write_file(sdir .. "/hostile.lua", HOSTILE)
+        H.write_file(sdir .. "/tag.lua", 'return "yes"\n')
         gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = sdir .. "/hostile.lua" } })
         local r = assert(H.request(gw.port, { method = "GET", path = "/warm" }))
         assert(r.status == 200, ctx(gw))
@@ -161,6 +162,35 @@ describe("a hostile route script", function()
         if not sanitized then
             assert.truthy(after - base < 10 * 1024, ("worker RSS %d KiB before, %d KiB after"):format(base, after))
         end
+    end)
+end)
+
+describe("a state made again", function()
+    it("runs the text its script had at start, not the file as edited since", function()
+        local up = H.start_upstream()
+        local dir = sdir .. "-edit"
+        assert(lfs.mkdir(dir))
+        H.write_file(dir .. "/hostile.lua", HOSTILE)
+        H.write_file(dir .. "/tag.lua", 'return "yes"\n')
+        local gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = dir .. "/hostile.lua" } })
+        local ok, err = pcall(function()
+            assert(H.request(gw.port, { method = "GET", path = "/warm" }))
+            -- both files change on disk; a reload, not a rebuild, is how new text is taken
+            H.write_file(dir .. "/hostile.lua", "return { on_request = function(req) "
+                .. "req:set_header('X-Script-Ran', 'edited') end }\n")
+            H.write_file(dir .. "/tag.lua", 'return "edited"\n')
+            assert(H.request(gw.port, { method = "GET", path = "/keep", timeout = 20 }))
+            assert.truthy(H.wait_until(function() return gw:log():find("was made again", 1, true) end, 5),
+                ctx(gw))
+            up:reset()
+            local r = assert(H.request(gw.port, { method = "GET", path = "/fine" }))
+            assert.equal(200, r.status)
+            assert.same({ "yes" }, H.hit_values(up:hits()[1], "X-Script-Ran"), ctx(gw))
+        end)
+        gw:stop()
+        up:stop()
+        os.execute("rm -rf " .. H.shell_quote(dir))
+        assert(ok, err)
     end)
 end)
 
