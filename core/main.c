@@ -7,6 +7,7 @@
 #include "plan.h"
 #include "process.h"
 #include "retry.h"
+#include "script.h"
 #include "shm.h"
 #include "upstream.h"
 
@@ -257,7 +258,8 @@ main(int argc, char **argv)
     }
     /* cross-worker state: made before the first fork, so every worker and
      * every replacement sees the same budgets and health */
-    zone = ric_shm_create(ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf));
+    zone = ric_shm_create(ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf)
+                          + ric_script_zone_size());
     if (zone == NULL) {
         fprintf(stderr, "ricochet: cannot map the shared memory zone: %s\n", strerror(errno));
         ric_conf_free(conf);
@@ -265,7 +267,8 @@ main(int argc, char **argv)
     }
     if (ric_upstream_share(conf, zone, err, sizeof(err)) != RIC_OK
         || ric_idem_store_share(conf, zone, err, sizeof(err)) != RIC_OK
-        || ric_shared_dict_share(conf, zone, err, sizeof(err)) != RIC_OK) {
+        || ric_shared_dict_share(conf, zone, err, sizeof(err)) != RIC_OK
+        || ric_script_share(zone, err, sizeof(err)) != RIC_OK) {
         fprintf(stderr, "ricochet: %s\n", err);
         ric_shm_destroy(zone);
         ric_conf_free(conf);

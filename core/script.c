@@ -1,5 +1,6 @@
 /* script.c: route scripts: one LuaJIT state per script, loading at config time, bounded hook calls. */
 #include "script.h"
+#include "shm.h"
 #include "attempt.h"
 #include "headers.h"
 #include "log.h"
@@ -500,12 +501,59 @@ hook_where(int ref, char *buf, size_t size)
     return buf;
 }
 
-static void
-log_failure(const ric_script_t *s, const char *hook, const ric_request_t *r)
+size_t
+ric_script_zone_size(void)
 {
-    ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s, client: %s", s->path, hook,
-                  strcmp(hook, "on_log") != 0 ? " (the built-in policy decides)" : "",
-                  error_text(), r->c->peer);
+    const ric_script_t *s;
+    size_t n = 0;
+
+    for (s = scripts; s; s = s->next) {
+        n += 256 + sizeof(ric_script_counts_t) + strlen(s->path);
+    }
+    return n;
+}
+
+int
+ric_script_share(ric_shm_t *zone, char *err, size_t errlen)
+{
+    ric_script_t *s;
+    char name[4200];
+    int created;
+
+    for (s = scripts; s; s = s->next) {
+        snprintf(name, sizeof(name), "script:%s", s->path);
+        s->counts = ric_shm_entry(zone, name, sizeof(ric_script_counts_t), &created);
+        if (s->counts == NULL) {
+            snprintf(err, errlen, "the shared memory zone has no room for the counters of route "
+                     "script %s", s->path);
+            return RIC_ERROR;
+        }
+    }
+    return RIC_OK;
+}
+
+/* A hook's call failed: logged with the script's FILE:LINE in the error,
+ * and counted (a stop by the bounds as one too). */
+static void
+log_failure(const ric_script_t *s, int hook, const ric_request_t *r)
+{
+    static const char *const names[RIC_HOOKS] = { "on_request", "classify", "on_response",
+                                                  "on_log" };
+    int stopped = call_stopped || mem_over;
+    uint64_t n = 0;
+    char count[96] = "";
+
+    if (s->counts != NULL) {
+        __atomic_fetch_add(&s->counts->failed[hook], 1, __ATOMIC_RELAXED);
+        if (stopped) {
+            n = __atomic_add_fetch(&s->counts->stopped[hook], 1, __ATOMIC_RELAXED);
+            snprintf(count, sizeof(count), " (stop %llu of its %s in every worker since start)",
+                     (unsigned long long) n, names[hook]);
+        }
+    }
+    ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s%s, client: %s", s->path,
+                  names[hook], hook != RIC_HOOK_ON_LOG ? " (the built-in policy decides)" : "",
+                  error_text(), count, r->c->peer);
 }
 
 /* --- on_log's ctx:set: fields of the script's own in the access log line ----------- */
@@ -707,7 +755,7 @@ ric_script_on_request(ric_request_t *r)
     ric_script_in_on_request = 0;
     ric_script_request = NULL;
     if (rc != 0) {
-        log_failure(s, "on_request", r);
+        log_failure(s, RIC_HOOK_ON_REQUEST, r);
         ric_script_api_undo(r);
         lua_settop(L, top);
         return RIC_OK;
@@ -770,7 +818,7 @@ ric_script_on_response(ric_request_t *r)
     ric_script_attempt = r->answer; /* NULL: the gateway's own answer */
     ric_script_in_on_response = 1;
     if (call(1, 0) != 0) {
-        log_failure(s, "on_response", r);
+        log_failure(s, RIC_HOOK_ON_RESPONSE, r);
         r->res_edits = NULL; /* a failed hook changes nothing */
     }
     ric_script_in_on_response = 0;
@@ -843,7 +891,7 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     ric_script_request = NULL;
     ric_script_attempt = NULL;
     if (rc != 0) {
-        log_failure(s, "classify", r);
+        log_failure(s, RIC_HOOK_CLASSIFY, r);
         lua_settop(L, top);
         return RIC_CLASSIFY_DEFAULT;
     }
@@ -955,7 +1003,7 @@ ric_script_log_cleanup(void *data)
     /* no current request: req and res kept from earlier hooks change nothing now */
     log_request = r;
     if (call(1, 0) != 0) {
-        log_failure(s, "on_log", r);
+        log_failure(s, RIC_HOOK_ON_LOG, r);
     }
     log_request = NULL;
     lua_settop(L, top);

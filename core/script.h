@@ -4,6 +4,17 @@
 
 #include "ric_core.h"
 
+/* A script's hooks, as its counters name them. */
+enum { RIC_HOOK_ON_REQUEST, RIC_HOOK_CLASSIFY, RIC_HOOK_ON_RESPONSE, RIC_HOOK_ON_LOG, RIC_HOOKS };
+
+/* Every worker's count of a script's hook calls that failed, and of those
+ * the ones its bounds stopped (script_timeout, script_memory_max): an
+ * entry of the shared zone ("script:PATH"), changed with atomics. */
+typedef struct {
+    uint64_t failed[RIC_HOOKS];
+    uint64_t stopped[RIC_HOOKS];
+} ric_script_counts_t;
+
 /* One loaded route script (several locations may share it). */
 typedef struct ric_script_s ric_script_t;
 struct ric_script_s {
@@ -14,8 +25,16 @@ struct ric_script_s {
     int ref_on_response;
     int has_on_log;
     struct ric_script_state_s *state; /* its own Lua state (script.c) */
+    ric_script_counts_t *counts;      /* in the shared zone; NULL: not counted (-t) */
     ric_script_t *next;
 };
+
+struct ric_shm_s;
+
+/* The room the loaded scripts' counters take in the shared zone, and
+ * their entries, made by the master before the first fork. */
+size_t ric_script_zone_size(void);
+int ric_script_share(struct ric_shm_s *zone, char *err, size_t errlen);
 
 /* Most instructions one hook call may run before it is stopped (counted
  * in the interpreter, where script code always runs), and the wall-clock

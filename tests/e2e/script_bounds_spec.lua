@@ -128,8 +128,16 @@ describe("a hostile route script", function()
         { "/find", "stopped: it ran longer than a hook may" },
     }) do
         it("stops a runaway through " .. case[1] .. " and keeps serving", function()
+            local _, before = gw:log():gsub("of its on_request in every worker since start", "")
             attack(case[1])
             assert.truthy(gw:log():find(case[2], 1, true), ctx(gw))
+            -- counted in the shared zone: each stop names its number, one more than the last
+            local last = 0
+            for n in gw:log():gmatch("%(stop (%d+) of its on_request in every worker since start%)") do
+                assert.equal(last + 1, tonumber(n), ctx(gw))
+                last = tonumber(n)
+            end
+            assert.equal(before + 1, last, ctx(gw))
         end)
     end
 
