@@ -316,53 +316,65 @@ local function binding(st)
     return B
 end
 
-local states = setmetatable({}, { __mode = "k" }) -- object -> its state, for kit.upstream and kit.answer
+-- As in the gateway, there is one req, one res and one attempt, reused from call to call: kit.request,
+-- kit.response and kit.attempt make the object stand for a new request (a req kept from before reads the
+-- new one), so a script that keeps an object across requests misbehaves offline as it would live.
+local current = { req = { headers = {}, edits = {}, key_header = "Idempotency-Key" }, res = { headers = {} } }
+local function follows(kind) -- a state that is always the current one of its kind
+    return setmetatable({}, { __index = function(_, k) return current[kind][k] end,
+        __newindex = function(_, k, v) current[kind][k] = v end })
+end
+local api
+do
+    local B, for_res = binding(follows("req")), binding(follows("res"))
+    for name, fn in pairs(for_res) do
+        if name:match("^res_") then B[name] = fn end
+    end
+    api = make_api(B)
+end
+
+local function refill(fields, values)
+    for k in pairs(fields) do rawset(fields, k, nil) end
+    for k, v in pairs(values) do rawset(fields, k, v) end
+end
 
 -- kit.request{ method = "GET", path = "/", query = "", headers = { Name = "value" }, body = nil,
 --              key_header = "Idempotency-Key", ctx = {} } -> req, with the exact API of the gateway's req
 -- (req.ctx: the request's own table; pass the same one to kit.attempt{ ctx = req.ctx } as the gateway does)
 function kit.request(t)
     t = t or {}
-    local st = { headers = lower_map(t.headers), edits = {}, body = t.body,
+    current.req = { headers = lower_map(t.headers), edits = {}, body = t.body,
         key_header = t.key_header or "Idempotency-Key" }
-    local api = make_api(binding(st))
-    local req, fields = api.req, api.req_fields
-    fields.method, fields.path, fields.query = t.method or "GET", t.path or "/", t.query or ""
-    fields.ctx = t.ctx or {}
-    fields.client = t.client or "127.0.0.1"
-    fields.id = t.id or ("%032x"):format(math.random(0, 2 ^ 31))
-    states[req] = st
-    return req
+    refill(api.req_fields, { method = t.method or "GET", path = t.path or "/", query = t.query or "",
+        ctx = t.ctx or {}, client = t.client or "127.0.0.1",
+        id = t.id or ("%032x"):format(math.random(0, 2 ^ 31)) })
+    return api.req
 end
 
 -- kit.response{ status = 200, headers = { Name = "value" }, body = nil, classify_body_max = 0 } -> res;
 -- as in the gateway, res:body() has the body only when it is at most classify_body_max (the location's)
 function kit.response(t)
     t = t or {}
-    local st = { headers = lower_map(t.headers), body = t.body, classify_body_max = t.classify_body_max }
-    local api = make_api(binding(st))
-    local res = api.res
-    api.res_fields.status = t.status or 200
-    states[res] = st
-    return res
+    current.res = { headers = lower_map(t.headers), body = t.body, classify_body_max = t.classify_body_max }
+    refill(api.res_fields, { status = t.status or 200, ctx = t.ctx })
+    return api.res
 end
 
 -- kit.attempt{ number = 1, class = "status", elapsed = 0, remaining = 30, upstream = "127.0.0.1:9000",
 --              ctx = {} } -> attempt, read-only as the gateway's
 function kit.attempt(t)
     t = t or {}
-    local api = make_api(binding({ headers = {} }))
-    local fields = api.attempt_fields
-    fields.number, fields.class, fields.elapsed = t.number or 1, t.class or "status", t.elapsed or 0
-    fields.remaining, fields.upstream = t.remaining or 30, t.upstream or "127.0.0.1:9000"
-    fields.ctx = t.ctx or {}
+    refill(api.attempt_fields, { number = t.number or 1, class = t.class or "status",
+        elapsed = t.elapsed or 0, remaining = t.remaining or 30, upstream = t.upstream or "127.0.0.1:9000",
+        ctx = t.ctx or {} })
     return api.attempt
 end
 
 -- What on_request did to the fields sent upstream: { name (lowercase) = value }, with the client's fields,
 -- the script's set_header and key (a removed field is absent).
 function kit.upstream(req)
-    local st = assert(states[req], "kit.upstream takes a req made by kit.request")
+    assert(req == api.req, "kit.upstream takes a req made by kit.request")
+    local st = current.req
     local out = {}
     for k, v in pairs(st.headers) do out[k] = v end
     for k, v in pairs(st.edits) do out[k] = v or nil end
@@ -371,7 +383,8 @@ end
 
 -- The answer's fields as the client gets them after on_response: { name (lowercase) = value }.
 function kit.downstream(res)
-    local st = assert(states[res], "kit.downstream takes a res made by kit.response")
+    assert(res == api.res, "kit.downstream takes a res made by kit.response")
+    local st = current.res
     local out = {}
     for k, v in pairs(st.headers) do out[k] = v end
     for k, v in pairs(st.res_edits or {}) do out[k] = v or nil end
@@ -380,13 +393,13 @@ end
 
 -- The answer req:respond gave, { status, headers, body }, or nil.
 function kit.answer(req)
-    local st = assert(states[req], "kit.answer takes a req made by kit.request")
-    return st.answer
+    assert(req == api.req, "kit.answer takes a req made by kit.request")
+    return current.req.answer
 end
 
 -- Loads a route script as the gateway does (same sandbox, same checks; no time bound here).
 function kit.load(path)
-    local ricochet = make_api(binding({ headers = {}, edits = {}, key_header = "Idempotency-Key" })).ricochet
+    local ricochet = api.ricochet
     local chunk, err = sandbox.prepare(path, ricochet)
     if not chunk then error(err, 2) end
     local route = chunk()

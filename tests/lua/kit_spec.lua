@@ -138,6 +138,30 @@ return route
         assert.has_error(function() kit.attempt{}.number = 2 end)
     end)
 
+    it("reuses one req, res and attempt from call to call, as the gateway does", function()
+        local route = kit.load(write("keeper.lua", [[
+local route = {}
+local first
+function route.on_request(req)
+    first = first or req -- kept across requests: it stands for whichever request runs now
+    req:set_header("X-First-Path", first.path)
+end
+return route
+]]))
+        local a = kit.request{ path = "/a" }
+        route.on_request(a)
+        assert.equal("/a", kit.upstream(a)["x-first-path"])
+        local b = kit.request{ path = "/b" }
+        assert.equal(a, b)
+        assert.equal("/b", a.path) -- the req kept from before reads the new request
+        route.on_request(b)
+        assert.equal("/b", kit.upstream(b)["x-first-path"])
+        assert.is_nil(b:header("X-Anything"))
+        assert.equal(kit.response{ status = 500 }, kit.response{ status = 200 })
+        assert.equal(kit.attempt{ number = 1 }, kit.attempt{ number = 2 })
+        assert.equal(2, kit.attempt{ number = 2 }.number)
+    end)
+
     it("reads Retry-After as the gateway does, in all three HTTP-date forms", function()
         local now = 784111777 -- Sun, 06 Nov 1994 08:49:37 GMT
         assert.equal(3000, kit.retry_after_ms("3", now))
