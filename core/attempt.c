@@ -114,6 +114,8 @@ setup(ric_request_t *r)
     const u_char *in = r->c->in;
     int64_t now = ric_now_ms(), client_ms;
     ric_str_t v;
+    ric_replay_input_t replay_in;
+    ric_replay_t replay;
 
     r->policy.enabled = s->retries == 1;
     r->policy.attempts = s->retry_attempts;
@@ -137,27 +139,20 @@ setup(ric_request_t *r)
     }
     r->deadline_ms = now + r->deadline_span_ms;
 
-    r->replay_safe = r->replay_safe || ric_retry_method_idempotent((int) r->msg->method);
-    if (r->script_idempotent != 0) {
-        r->replay_safe = r->script_idempotent > 0; /* the route script knows its API */
+    v = r->script_key_removed ? (ric_str_t) ric_null_string
+                              : ric_headers_find(in, r->msg, refs->idempotency_key_header);
+    replay_in.method = (int) r->msg->method;
+    replay_in.script_idempotent = r->script_idempotent;
+    replay_in.script_key = r->script_key != NULL;
+    replay_in.client_key = v.data != NULL && v.len > 0
+                           && ric_headers_count(in, r->msg, refs->idempotency_key_header) == 1;
+    replay_in.key_mode = (int) s->idempotency_key;
+    replay = ric_retry_replay(&replay_in);
+    r->replay_safe = replay.safe;
+    r->key_no_contract = replay.key_no_contract;
+    if (replay.mint_key) {
+        ric_uuid_v4(r->minted_key);
     }
-    if (r->script_idempotent < 0 || s->idempotency_key == RIC_IDEMPOTENCY_OFF) {
-        /* the script said never, or the route has no key contract */
-    } else if (r->script_key != NULL) {
-        r->replay_safe = 1; /* a key under the route's contract, set by its script */
-    } else if (r->script_idempotent == 0) {
-        v = r->script_key_removed ? (ric_str_t) ric_null_string
-                                  : ric_headers_find(in, r->msg, refs->idempotency_key_header);
-        if (v.data != NULL && v.len > 0
-            && ric_headers_count(in, r->msg, refs->idempotency_key_header) == 1) {
-            r->replay_safe = 1; /* the route's contract: its upstream honours keys */
-        } else if (s->idempotency_key == RIC_IDEMPOTENCY_AUTO && !r->replay_safe) {
-            ric_uuid_v4(r->minted_key);
-            r->replay_safe = 1;
-        }
-    }
-    r->key_no_contract = !r->replay_safe && r->script_key != NULL
-                         && s->idempotency_key == RIC_IDEMPOTENCY_OFF && r->script_idempotent == 0;
     r->body_replayable = r->body_mode != RIC_REQ_BODY_STREAM
                          && ric_body_size(&r->body) <= (uint64_t) s->retry_body_max;
 

@@ -6,6 +6,7 @@
 #include "budget.h"
 #include "log.h"
 #include "pool.h"
+#include "retry.h"
 
 #include <sys/socket.h>
 
@@ -87,9 +88,6 @@ typedef struct {
     int line;
 } ric_conf_file_t;
 
-#define RIC_IDEMPOTENCY_OFF 0
-#define RIC_IDEMPOTENCY_ON 1
-#define RIC_IDEMPOTENCY_AUTO 2
 
 
 

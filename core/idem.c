@@ -563,8 +563,11 @@ ric_idem_digests(const ric_request_t *r)
 {
     const ric_idem_store_conf_t *sc = r->location ? r->location->refs.idempotency_store : NULL;
 
+    /* the body streams before on_request runs: a route script may still
+     * say an idempotent method's request is not (req.idempotent = false) */
     return sc != NULL && sc->kind != RIC_IDEM_STORE_OFF
-           && !ric_retry_method_idempotent((int) r->msg->method);
+           && (!ric_retry_method_idempotent((int) r->msg->method)
+               || r->location->refs.script != NULL);
 }
 
 int
@@ -583,8 +586,7 @@ ric_idem_phase(ric_request_t *r)
         }
         return d->op.async.pending || r->body_awaited ? RIC_AGAIN : decide(r, d);
     }
-    if (r->up == NULL || ric_retry_method_idempotent((int) r->msg->method)
-        || r->script_idempotent > 0) {
+    if (r->up == NULL || ric_retry_repeatable((int) r->msg->method, r->script_idempotent)) {
         return RIC_OK; /* safe to repeat: nothing to dedupe */
     }
     sc = r->location->refs.idempotency_store;

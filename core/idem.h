@@ -16,7 +16,8 @@
 int ric_idem_phase(ric_request_t *r);
 
 /* Whether a body that streams through (too large to hold) needs its
- * digest taken as it passes: the route has a store, the method is unsafe. */
+ * digest taken as it passes: the route has a store, and the method is
+ * unsafe or a route script may say so. */
 int ric_idem_digests(const ric_request_t *r);
 
 /* The names of idempotency_store_failure's values. */

@@ -21,6 +21,33 @@ ric_retry_method_idempotent(int method)
     return 0;
 }
 
+int
+ric_retry_repeatable(int method, int script_idempotent)
+{
+    return script_idempotent != 0 ? script_idempotent > 0 : ric_retry_method_idempotent(method);
+}
+
+ric_replay_t
+ric_retry_replay(const ric_replay_input_t *in)
+{
+    ric_replay_t out = { 0, 0, 0 };
+
+    out.safe = ric_retry_repeatable(in->method, in->script_idempotent);
+    if (in->script_idempotent < 0 || in->key_mode == RIC_IDEMPOTENCY_OFF) {
+        /* the script said never, or the route has no key contract */
+        out.key_no_contract = !out.safe && in->script_key && in->script_idempotent == 0;
+    } else if (in->script_key) {
+        out.safe = 1; /* a key under the route's contract, set by its script */
+    } else if (in->script_idempotent == 0) {
+        if (in->client_key) {
+            out.safe = 1; /* the route's contract: its upstream honours keys */
+        } else if (in->key_mode == RIC_IDEMPOTENCY_AUTO && !out.safe) {
+            out.safe = out.mint_key = 1;
+        }
+    }
+    return out;
+}
+
 const char *
 ric_retry_class_name(unsigned class)
 {

@@ -121,6 +121,36 @@ const char *ric_retry_on_parse(ric_retry_on_t *on, char **words, int n);
 /* Whether a method may be repeated by itself (RFC 9110 §9.2.2). */
 int ric_retry_method_idempotent(int method);
 
+/* A route's idempotency_key: the key contract with its upstream. */
+#define RIC_IDEMPOTENCY_OFF 0  /* none: a key makes nothing safe */
+#define RIC_IDEMPOTENCY_ON 1   /* the upstream honours the client's or the script's key */
+#define RIC_IDEMPOTENCY_AUTO 2 /* ...and the gateway makes one when there is none */
+
+/* Replay safety: what may make a request safe to send again. */
+typedef struct {
+    int method;            /* RIC_HTTP_* */
+    int script_idempotent; /* the route script's req.idempotent: 1 true, -1 false, 0 not set */
+    int script_key;        /* its script set a key (req:set_idempotency_key) */
+    int client_key;        /* one key field, not empty, that the script did not remove */
+    int key_mode;          /* the route's RIC_IDEMPOTENCY_* */
+} ric_replay_input_t;
+
+typedef struct {
+    int safe;            /* it may be sent again */
+    int mint_key;        /* safe by a key the gateway makes (idempotency_key auto) */
+    int key_no_contract; /* not safe, though its script set a key: the route lacks the contract */
+} ric_replay_t;
+
+/* The rules, in order: the method's nature, unless the route script said
+ * otherwise; a script's false is final; with the route's key contract (on
+ * or auto), the script's key, or else the client's one key (when the
+ * script said nothing), or else with auto a key the gateway makes. */
+ric_replay_t ric_retry_replay(const ric_replay_input_t *in);
+
+/* Safe to repeat with no key at all: its method, or its route script's
+ * word. The idempotency store dedupes only requests that are not. */
+int ric_retry_repeatable(int method, int script_idempotent);
+
 /* Parses a client's deadline header: milliseconds ("1500") or a duration
  * with a unit ("1.5s", "250ms", "2m"). RIC_OK with *ms, or RIC_ERROR. */
 int ric_retry_parse_deadline(const u_char *v, size_t len, int64_t *ms);

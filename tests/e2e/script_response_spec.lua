@@ -33,6 +33,10 @@ end
 return route
 ]]
 
+local NEVER = [[
+return { on_request = function(req) req.idempotent = false end }
+]]
+
 local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
@@ -47,6 +51,7 @@ http {
         idempotency_store lmdb:{{STORE}};
         location /s/ { script {{SCRIPT}}; proxy_pass http://up; }
         location /dead/ { script {{SCRIPT}}; proxy_pass http://dead; }
+        location /never/ { script {{NEVER}}; proxy_pass http://up; }
     }
 }
 ]]
@@ -79,8 +84,9 @@ describe("on_response on every answer", function()
         os.remove(dir)
         assert(lfs.mkdir(dir))
         H.write_file(dir .. "/script.lua", SCRIPT)
+        H.write_file(dir .. "/never.lua", NEVER)
         gw = H.start_gateway({ conf = CONF, upstream = up,
-            vars = { SCRIPT = dir .. "/script.lua", STORE = dir .. "/idem.mdb", DEAD = H.free_port() } })
+            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", STORE = dir .. "/idem.mdb", DEAD = H.free_port() } })
     end)
 
     teardown(function()
@@ -158,5 +164,25 @@ describe("on_response on every answer", function()
         assert.equal(422, bad.status)
         assert.equal("application/problem+json", bad.headers["x-type-was"])
         assert.equal("1", bad.headers["x-edited"])
+    end)
+
+    it("dedupes a GET its script says is not idempotent, by the same rule as retries", function()
+        up:reset()
+        up:program({ default = { status = 200, body = "once" } })
+        local key = I.new_key("never")
+        local function get()
+            return H.request(gw.port, { method = "GET", path = "/never/x",
+                headers = { { "Idempotency-Key", key } } })
+        end
+        local first = assert(get())
+        assert.equal(200, first.status)
+        local again
+        H.wait_until(function()
+            again = get()
+            return again and again.status ~= 409
+        end, 3)
+        assert.equal(200, again.status, ctx(gw))
+        assert.equal("true", again.headers["idempotent-replayed"], ctx(gw))
+        assert.equal(1, #up:hits())
     end)
 end)

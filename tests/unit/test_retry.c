@@ -260,6 +260,74 @@ main(void)
     UNIT_CHECK(!ric_retry_method_idempotent(RIC_HTTP_PATCH));
     UNIT_CHECK(!ric_retry_method_idempotent(RIC_HTTP_METHOD_OTHER));
 
+    UNIT_CASE("replay safety: each rule");
+    {
+        static const struct {
+            const char *rule;
+            int method, script_idempotent, script_key, client_key, key_mode;
+            int safe, mint_key, key_no_contract;
+        } rules[] = {
+            { "a GET by its method", RIC_HTTP_GET, 0, 0, 0, RIC_IDEMPOTENCY_OFF, 1, 0, 0 },
+            { "a PUT by its method", RIC_HTTP_PUT, 0, 0, 0, RIC_IDEMPOTENCY_OFF, 1, 0, 0 },
+            { "a DELETE by its method", RIC_HTTP_DELETE, 0, 0, 0, RIC_IDEMPOTENCY_OFF, 1, 0, 0 },
+            { "a POST is not", RIC_HTTP_POST, 0, 0, 0, RIC_IDEMPOTENCY_OFF, 0, 0, 0 },
+            { "a PATCH is not", RIC_HTTP_PATCH, 0, 0, 0, RIC_IDEMPOTENCY_ON, 0, 0, 0 },
+            { "a script's true makes a POST safe", RIC_HTTP_POST, 1, 0, 0, RIC_IDEMPOTENCY_OFF,
+              1, 0, 0 },
+            { "a script's false makes a GET unsafe", RIC_HTTP_GET, -1, 0, 0, RIC_IDEMPOTENCY_OFF,
+              0, 0, 0 },
+            { "a script's false beats a client key", RIC_HTTP_POST, -1, 0, 1, RIC_IDEMPOTENCY_ON,
+              0, 0, 0 },
+            { "a script's false beats auto", RIC_HTTP_GET, -1, 0, 0, RIC_IDEMPOTENCY_AUTO, 0, 0, 0 },
+            { "a script's false beats its own key", RIC_HTTP_POST, -1, 1, 0, RIC_IDEMPOTENCY_ON,
+              0, 0, 0 },
+            { "a client key under the contract", RIC_HTTP_POST, 0, 0, 1, RIC_IDEMPOTENCY_ON,
+              1, 0, 0 },
+            { "a client key without the contract", RIC_HTTP_POST, 0, 0, 1, RIC_IDEMPOTENCY_OFF,
+              0, 0, 0 },
+            { "no client key (none, empty, repeated or removed)", RIC_HTTP_POST, 0, 0, 0,
+              RIC_IDEMPOTENCY_ON, 0, 0, 0 },
+            { "a script key under the contract", RIC_HTTP_POST, 0, 1, 0, RIC_IDEMPOTENCY_ON,
+              1, 0, 0 },
+            { "a script key without the contract says so", RIC_HTTP_POST, 0, 1, 0,
+              RIC_IDEMPOTENCY_OFF, 0, 0, 1 },
+            { "a script key and its true, no contract", RIC_HTTP_POST, 1, 1, 0, RIC_IDEMPOTENCY_OFF,
+              1, 0, 0 },
+            { "a script key and its false, no contract", RIC_HTTP_POST, -1, 1, 0,
+              RIC_IDEMPOTENCY_OFF, 0, 0, 0 },
+            { "a script key on a safe method, no contract", RIC_HTTP_GET, 0, 1, 0,
+              RIC_IDEMPOTENCY_OFF, 1, 0, 0 },
+            { "auto makes a key for a POST without one", RIC_HTTP_POST, 0, 0, 0,
+              RIC_IDEMPOTENCY_AUTO, 1, 1, 0 },
+            { "auto keeps the client's key", RIC_HTTP_POST, 0, 0, 1, RIC_IDEMPOTENCY_AUTO, 1, 0, 0 },
+            { "auto keeps the script's key", RIC_HTTP_PATCH, 0, 1, 0, RIC_IDEMPOTENCY_AUTO,
+              1, 0, 0 },
+            { "auto makes none for a GET", RIC_HTTP_GET, 0, 0, 0, RIC_IDEMPOTENCY_AUTO, 1, 0, 0 },
+            { "auto makes none when the script said true", RIC_HTTP_POST, 1, 0, 0,
+              RIC_IDEMPOTENCY_AUTO, 1, 0, 0 },
+        };
+        ric_replay_input_t rin;
+        ric_replay_t rout;
+        size_t k;
+
+        for (k = 0; k < sizeof(rules) / sizeof(rules[0]); k++) {
+            UNIT_CASE(rules[k].rule);
+            rin.method = rules[k].method;
+            rin.script_idempotent = rules[k].script_idempotent;
+            rin.script_key = rules[k].script_key;
+            rin.client_key = rules[k].client_key;
+            rin.key_mode = rules[k].key_mode;
+            rout = ric_retry_replay(&rin);
+            UNIT_CHECK_INT(rout.safe, rules[k].safe);
+            UNIT_CHECK_INT(rout.mint_key, rules[k].mint_key);
+            UNIT_CHECK_INT(rout.key_no_contract, rules[k].key_no_contract);
+            /* the store dedupes what is not repeatable with no key at all */
+            UNIT_CHECK_INT(ric_retry_repeatable(rin.method, rin.script_idempotent),
+                           rin.script_idempotent != 0 ? rin.script_idempotent > 0
+                           : ric_retry_method_idempotent(rin.method));
+        }
+    }
+
     UNIT_CASE("client deadlines: ms or a duration");
 #define DL(s) ric_retry_parse_deadline((const u_char *) (s), sizeof(s) - 1, &ms)
     UNIT_CHECK(DL("1500") == RIC_OK && ms == 1500);
