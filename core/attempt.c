@@ -521,6 +521,16 @@ ric_attempts_give_up(ric_request_t *r, int status, ric_retry_reason_t why)
     ric_request_resume(r);
 }
 
+/* The gateway's answer when attempts end without a response: 504 when the
+ * upstream ran out of time (a per-try timeout, a connect that timed out),
+ * 502 when it failed (refused, reset, a bad response, TLS). */
+static int
+failure_status(unsigned class, int err, int tls_failed)
+{
+    return class == RIC_CLASS_TIMEOUT
+           || (class == RIC_CLASS_CONNECT_ERROR && err == 0 && !tls_failed) ? 504 : 502;
+}
+
 /* The one end of every attempt: passive health, classification, the
  * decision, the attempt log, then a wait and a retry, the answer, or the
  * end of trying. */
@@ -626,9 +636,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         a->paid = 0;
         a->paid_for = 0;
         a->stop = RIC_RETRY_YES;
-        a->fail_status = class == RIC_CLASS_TIMEOUT
-                                 || (class == RIC_CLASS_CONNECT_ERROR && err == 0
-                                     && !tls_failed) ? 504 : 502;
+        a->fail_status = failure_status(class, err, tls_failed);
         a->wait_us = d.wait_ms * 1000;
         a->wait_until_ms = now + d.wait_ms;
         wait_start(r, d.wait_ms);
@@ -647,9 +655,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         deliver(u);
         return;
     }
-    status = class == RIC_CLASS_TIMEOUT
-                     || (class == RIC_CLASS_CONNECT_ERROR && err == 0 && !tls_failed)
-                 ? 504 : 502;
+    status = failure_status(class, err, tls_failed);
     a->current = NULL;
     attempt_free(u);
     ric_attempts_give_up(r, status, d.reason);

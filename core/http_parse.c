@@ -244,6 +244,28 @@ check_target(ric_http_msg_t *m, const u_char *buf)
     return RIC_ERROR;
 }
 
+int
+ric_http_absolute_form(ric_str_t target, ric_str_t *authority, ric_str_t *rest)
+{
+    const u_char *p = target.data, *end = p + target.len, *auth;
+
+    if (target.len == 0 || p[0] == '/' || p[0] == '*') {
+        return 0;
+    }
+    auth = memchr(p, ':', target.len);
+    if (auth == NULL || end - auth < 3 || auth[1] != '/' || auth[2] != '/') {
+        return 0;
+    }
+    auth += 3;
+    for (p = auth; p < end && *p != '/' && *p != '?'; p++) {
+    }
+    authority->data = auth;
+    authority->len = (size_t) (p - auth);
+    rest->data = p;
+    rest->len = (size_t) (end - p);
+    return 1;
+}
+
 static int
 parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
 {

@@ -114,6 +114,11 @@ ric_http_span(const u_char *buf, uint32_t off, uint32_t len)
     return s;
 }
 
+/* An absolute-form target ("http://host:8080/path?q", which the parser
+ * accepted) split into its authority and the rest ("/path?q", "?q" or
+ * ""); 0 for any other form (origin-form, "*"), target unsplit. */
+int ric_http_absolute_form(ric_str_t target, ric_str_t *authority, ric_str_t *rest);
+
 /* Incremental chunked-body decoder. Zero-copy: it hands out spans of the
  * caller's input. */
 struct ric_http_chunked_s {

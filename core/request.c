@@ -203,36 +203,6 @@ ric_request_finalize(ric_request_t *r, ric_request_end_t end)
 
 /* --- phases ---------------------------------------------------------------- */
 
-/* An absolute-form target ("http://host/path?q") names the host itself,
- * which wins over Host (RFC 9112 §3.2.2); routing uses its path. path
- * arrives as the target up to '?'. */
-static void
-split_absolute_form(ric_str_t *path, ric_str_t *host)
-{
-    const u_char *p = path->data, *end = p + path->len, *auth;
-    static const u_char slash[] = "/";
-
-    if (path->len == 0 || p[0] == '/' || p[0] == '*') {
-        return;
-    }
-    auth = memchr(p, ':', path->len);
-    if (auth == NULL || end - auth < 3 || auth[1] != '/' || auth[2] != '/') {
-        return;
-    }
-    auth += 3;
-    for (p = auth; p < end && *p != '/'; p++) {
-    }
-    host->data = auth;
-    host->len = (size_t) (p - auth);
-    if (p == end) {
-        path->data = slash;
-        path->len = 1;
-    } else {
-        path->data = p;
-        path->len = (size_t) (end - p);
-    }
-}
-
 static void
 use_settings(ric_request_t *r, const ric_http_settings_t *s)
 {
@@ -253,7 +223,11 @@ phase_route(ric_request_t *r)
     if (r->status != 0) {
         return ric_request_answer(r, r->status, 1); /* the head was refused */
     }
-    split_absolute_form(&path, &host);
+    /* an absolute-form target names the host itself, which wins over Host
+     * (RFC 9112 §3.2.2); routing uses its path (path is the target up to '?') */
+    if (ric_http_absolute_form(path, &host, &path) && path.len == 0) {
+        path = (ric_str_t) ric_string("/");
+    }
     if (host.data != NULL) { /* routing and $host see one value */
         r->has_host = 1;
         r->host_off = (uint32_t) (host.data - r->c->in);

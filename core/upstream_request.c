@@ -147,29 +147,12 @@ replaced(ric_request_t *r, const char *name)
 static ric_str_t
 upstream_target(ric_request_t *r)
 {
-    ric_str_t t = ric_request_span(r, r->msg->target_off, r->msg->target_len);
-    const u_char *s, *e = t.data + t.len;
-    static const u_char slash[] = "/";
+    ric_str_t t = ric_request_span(r, r->msg->target_off, r->msg->target_len), authority, rest;
 
-    if (t.len == 0 || t.data[0] == '/' || t.data[0] == '*') {
+    if (!ric_http_absolute_form(t, &authority, &rest)) {
         return t;
     }
-    s = memchr(t.data, ':', t.len);
-    if (s == NULL || s + 3 > e) {
-        return t;
-    }
-    s += 3; /* past "://" */
-    while (s < e && *s != '/' && *s != '?') {
-        s++;
-    }
-    if (s == e) {
-        t.data = slash;
-        t.len = 1;
-        return t;
-    }
-    t.len = (size_t) (e - s);
-    t.data = s;
-    return t;
+    return rest.len > 0 ? rest : (ric_str_t) ric_string("/");
 }
 
 /* A client field that is never forwarded as it came. */

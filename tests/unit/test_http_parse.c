@@ -883,9 +883,45 @@ test_methods_and_status(void)
     }
 }
 
+/* The one absolute-form splitter: routing and the upstream's target both use it. */
+static void
+test_absolute_form(void)
+{
+    static const struct {
+        const char *target, *authority, *rest;
+        int absolute;
+    } cases[] = {
+        { "http://a/x?y", "a", "/x?y", 1 },
+        { "https://a.example:8443/p", "a.example:8443", "/p", 1 },
+        { "http://a", "a", "", 1 },
+        { "http://a?q=1", "a", "?q=1", 1 },
+        { "http://a/", "a", "/", 1 },
+        { "/origin?x", NULL, NULL, 0 },
+        { "*", NULL, NULL, 0 },
+        { "", NULL, NULL, 0 },
+        { "http:/a", NULL, NULL, 0 },
+    };
+    ric_str_t t, auth, rest;
+    size_t i;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        UNIT_CASE(cases[i].target);
+        t.data = (const u_char *) cases[i].target;
+        t.len = strlen(cases[i].target);
+        UNIT_CHECK_INT(ric_http_absolute_form(t, &auth, &rest), cases[i].absolute);
+        if (cases[i].absolute) {
+            UNIT_CHECK(auth.len == strlen(cases[i].authority)
+                       && memcmp(auth.data, cases[i].authority, auth.len) == 0);
+            UNIT_CHECK(rest.len == strlen(cases[i].rest)
+                       && memcmp(rest.data, cases[i].rest, rest.len) == 0);
+        }
+    }
+}
+
 int
 main(void)
 {
+    test_absolute_form();
     test_request_table();
     test_request_values();
     test_response_table();
