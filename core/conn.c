@@ -158,13 +158,11 @@ conn_free(ric_conn_t *c)
 
 /* --- reading --------------------------------------------------------------- */
 
-/* Keeps reading c with no timer: event_add with no time leaves an earlier
- * timer in place, so it is removed on its own. */
+/* Keeps reading c with no timer. */
 static void
 read_without_timeout(ric_conn_t *c)
 {
     wait_read(c, NULL);
-    event_remove_timer(c->rev);
 }
 
 static void
@@ -175,15 +173,12 @@ arm_read(ric_conn_t *c, int64_t deadline)
     wait_read(c, &tv);
 }
 
-/* Every wait for the client's bytes: what TLS already took off the socket
- * (the rest of a record) is read at once, as no event will announce it. */
+/* Every wait for the client's bytes (the I/O layer reads at once what TLS
+ * already took off the socket). */
 static void
 wait_read(ric_conn_t *c, const struct timeval *tv)
 {
-    event_add(c->rev, tv);
-    if (ric_io_pending(&c->io)) {
-        event_active(c->rev, EV_READ, 0);
-    }
+    ric_io_arm(&c->io, c->rev, tv);
 }
 
 /* Gives the buffer room to read into; RIC_ERROR when the head is at its limit. */
@@ -477,7 +472,7 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
         w = ric_io_writev(&c->io, iov, iovcnt);
         if (w == RIC_AGAIN) {
             tv = ric_ms_to_tv(c->settings->send_timeout);
-            event_add(c->wev, &tv);
+            ric_io_arm(&c->io, c->wev, &tv);
             return RIC_AGAIN;
         }
         if (w == RIC_ERROR) {
@@ -608,7 +603,7 @@ handshake_step(ric_conn_t *c)
          * handshake wants to write must not wake it in a loop */
         if (c->io.want == RIC_IO_WANT_WRITE) {
             event_del(c->rev);
-            event_add(c->wev, &tv);
+            ric_io_arm(&c->io, c->wev, &tv);
         } else {
             event_del(c->wev);
             wait_read(c, &tv);

@@ -2,6 +2,7 @@
 #include "io.h"
 
 #include <errno.h>
+#include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/sendfile.h>
@@ -175,4 +176,16 @@ ric_io_nodelay(ric_io_t *io)
     int one = 1;
 
     setsockopt(io->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void
+ric_io_arm(ric_io_t *io, struct event *ev, const struct timeval *tv)
+{
+    event_add(ev, tv); /* re-adding an added event only moves its timer: no epoll_ctl */
+    if (tv == NULL) {
+        event_remove_timer(ev);
+    }
+    if ((event_get_events(ev) & EV_READ) && ric_io_pending(io)) {
+        event_active(ev, EV_READ, 0); /* the rest of a TLS record: no event would come */
+    }
 }

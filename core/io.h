@@ -88,6 +88,14 @@ ric_io_pending(ric_io_t *io)
     return io->ops->pending != NULL && io->ops->pending(io);
 }
 
+struct event;
+
+/* Every wait on io's socket: arms ev (a read or a write event of it) with
+ * tv, or with no time limit when tv is NULL (an earlier timer removed:
+ * libevent would keep it); a read event fires at once when io holds bytes
+ * the socket no longer signals (ric_io_pending). */
+void ric_io_arm(ric_io_t *io, struct event *ev, const struct timeval *tv);
+
 /* Opens a non-blocking stream socket on io and starts connecting it to sa.
  * RIC_OK: connected or in progress (the socket turns writable when it is
  * done: ask ric_io_connect_error). RIC_ERROR with errno set and nothing

@@ -332,17 +332,7 @@ ric_upconn_read_timeout(ric_upconn_t *c, int64_t ms)
 {
     struct timeval tv = ric_ms_to_tv(ms);
 
-    /* re-adding an added event only moves its timer: no epoll_ctl; with
-     * no time it would keep the old timer, which must go */
-    if (ms > 0) {
-        event_add(&c->rev, &tv);
-    } else {
-        event_add(&c->rev, NULL);
-        event_remove_timer(&c->rev);
-    }
-    if (ric_io_pending(&c->io)) {
-        event_active(&c->rev, EV_READ, 0); /* the rest of a TLS record: no event would come */
-    }
+    ric_io_arm(&c->io, &c->rev, ms > 0 ? &tv : NULL);
 }
 
 void
@@ -360,12 +350,7 @@ ric_upconn_want_write(ric_upconn_t *c, int64_t ms)
 {
     struct timeval tv = ric_ms_to_tv(ms);
 
-    if (ms > 0) {
-        event_add(&c->wev, &tv);
-    } else {
-        event_add(&c->wev, NULL);
-        event_remove_timer(&c->wev);
-    }
+    ric_io_arm(&c->io, &c->wev, ms > 0 ? &tv : NULL);
 }
 
 ric_upconn_t *
