@@ -71,7 +71,7 @@ struct ric_conn_s {
     int orphan;            /* the client left, its request goes on: no socket */
     int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
 
-    ric_conn_t *prev, *next; /* worker's list */
+    ric_link_t link;         /* in the worker's list */
 };
 
 /* Takes over an accepted, non-blocking socket. Returns RIC_OK, or RIC_ERROR

@@ -89,12 +89,7 @@ ric_request_async_begin(ric_request_t *r, ric_async_t *a)
         return;
     }
     a->pending = 1;
-    a->prev = NULL;
-    a->next = r->async;
-    if (r->async != NULL) {
-        r->async->prev = a;
-    }
-    r->async = a;
+    ric_list_push_front(&r->async, &a->link);
 }
 
 void
@@ -104,15 +99,7 @@ ric_request_async_end(ric_request_t *r, ric_async_t *a)
         return;
     }
     a->pending = 0;
-    if (a->prev != NULL) {
-        a->prev->next = a->next;
-    } else {
-        r->async = a->next;
-    }
-    if (a->next != NULL) {
-        a->next->prev = a->prev;
-    }
-    a->prev = a->next = NULL;
+    ric_list_remove(&r->async, &a->link);
 }
 
 int
@@ -193,7 +180,7 @@ ric_request_finalize(ric_request_t *r, ric_request_end_t end)
     }
     r->phase = RIC_PHASE_OVER;
     r->end = end;
-    while ((a = r->async) != NULL) {
+    while ((a = ric_list_first(&r->async, ric_async_t, link)) != NULL) {
         ric_request_async_end(r, a);
         a->cancel(a); /* a late callback must never find the request */
     }

@@ -106,7 +106,7 @@ struct ric_request_s {
     ric_retry_reason_t not_retried; /* why the last failure was final */
     ric_access_entry_t log;         /* the attempt log, for the access log */
 
-    ric_async_t *async; /* pending asynchronous operations */
+    ric_list_t async; /* pending asynchronous operations (ric_async_t) */
     /* the route script's word (script.c, script_api.c) */
     int script_idempotent;     /* req.idempotent: 1 true, -1 false, 0 not set */
     const char *script_key;    /* req:set_idempotency_key (pool) */

@@ -2,6 +2,7 @@
 #ifndef RIC_CORE_H
 #define RIC_CORE_H
 
+#include "list.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,7 +54,7 @@ typedef struct ric_async_s ric_async_t;
 struct ric_async_s {
     void (*cancel)(ric_async_t *a);
     void *data;
-    ric_async_t *prev, *next;
+    ric_link_t link; /* in the request's list while pending */
     int pending;
 };
 

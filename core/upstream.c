@@ -11,7 +11,7 @@
 
 /* Connection objects are reused, so a new upstream connection allocates
  * nothing once the worker is warm. */
-static ric_upconn_t *free_conns;
+static ric_list_t free_conns; /* closed connections, kept for the next connect */
 
 /* A zone made for an unshared conf (a test calling init_all directly). */
 static ric_shm_t *private_zone;
@@ -110,17 +110,7 @@ idle_unlink(ric_upconn_t *c)
 {
     ric_upstream_t *u = c->upstream;
 
-    if (c->prev) {
-        c->prev->next = c->next;
-    } else {
-        u->idle = c->next;
-    }
-    if (c->next) {
-        c->next->prev = c->prev;
-    } else {
-        u->idle_tail = c->prev;
-    }
-    c->prev = c->next = NULL;
+    ric_list_remove(&u->idle, &c->idle_link);
     u->nidle--;
 }
 
@@ -131,8 +121,7 @@ ric_upconn_close(ric_upconn_t *c)
     event_del(&c->wev);
     ric_io_close(&c->io);
     c->owner = NULL;
-    c->next = free_conns;
-    free_conns = c;
+    ric_list_push_front(&free_conns, &c->idle_link); /* kept for the next connect */
 }
 
 void
@@ -142,7 +131,7 @@ ric_upstream_free_all(ric_upstream_t *ups, int n)
     int i, j;
 
     for (i = 0; i < n && ups; i++) {
-        while ((c = ups[i].idle) != NULL) {
+        while ((c = ric_list_first(&ups[i].idle, ric_upconn_t, idle_link)) != NULL) {
             idle_unlink(c);
             ric_upconn_close(c);
         }
@@ -152,8 +141,8 @@ ric_upstream_free_all(ric_upstream_t *ups, int n)
         free(ups[i].peers);
     }
     free(ups);
-    while ((c = free_conns) != NULL) {
-        free_conns = c->next;
+    while ((c = ric_list_first(&free_conns, ric_upconn_t, idle_link)) != NULL) {
+        ric_list_remove(&free_conns, &c->idle_link);
         free(c);
     }
 }
@@ -297,9 +286,8 @@ ric_upconn_connect(ric_upstream_t *u, ric_peer_t *p)
     if (ric_io_connect(&io, (struct sockaddr *) &p->conf->addr, p->conf->addrlen) != RIC_OK) {
         return NULL;
     }
-    if (free_conns != NULL) {
-        c = free_conns;
-        free_conns = c->next;
+    if ((c = ric_list_first(&free_conns, ric_upconn_t, idle_link)) != NULL) {
+        ric_list_remove(&free_conns, &c->idle_link);
     } else {
         c = ric_xmalloc(sizeof(*c));
     }
@@ -356,11 +344,13 @@ ric_upconn_want_write(ric_upconn_t *c, int64_t ms)
 ric_upconn_t *
 ric_upstream_pool_get(ric_upstream_t *u, ric_peer_t *p, int careful)
 {
-    ric_upconn_t *c, *next;
+    ric_upconn_t *c;
+    ric_link_t *l, *next;
     int64_t now = ric_now_ms();
 
-    for (c = u->idle; c; c = next) {
-        next = c->next;
+    for (l = u->idle.head; l; l = next) {
+        next = l->next;
+        c = ric_list_entry(l, ric_upconn_t, idle_link);
         if (c->peer != p) {
             continue;
         }
@@ -393,19 +383,12 @@ ric_upstream_pool_put(ric_upconn_t *c)
     }
     if (u->nidle >= u->conf->keepalive) {
         /* full: the least recently used goes */
-        old = u->idle_tail;
+        old = ric_list_entry(u->idle.tail, ric_upconn_t, idle_link);
         idle_unlink(old);
         ric_upconn_close(old);
     }
     c->owner = NULL;
-    c->prev = NULL;
-    c->next = u->idle;
-    if (u->idle) {
-        u->idle->prev = c;
-    } else {
-        u->idle_tail = c;
-    }
-    u->idle = c;
+    ric_list_push_front(&u->idle, &c->idle_link);
     u->nidle++;
     c->idle_since_ms = ric_now_ms();
     ric_upconn_read_timeout(c, u->conf->keepalive_timeout);

@@ -51,15 +51,14 @@ struct ric_upconn_s {
     ric_upconn_handler_pt on_write;
     int64_t requests; /* carried so far */
     int64_t idle_since_ms;
-    ric_upconn_t *prev, *next; /* pool list while idle */
+    ric_link_t idle_link;      /* in the pool while idle */
 };
 
 struct ric_upstream_s {
     ric_upstream_conf_t *conf;
     ric_peer_t *peers;
     int npeers;
-    ric_upconn_t *idle; /* most recently used first */
-    ric_upconn_t *idle_tail;
+    ric_list_t idle;    /* ric_upconn_t, most recently used first */
     int nidle;
     struct event_base *base;
     ric_budget_t budget; /* its rule and its state in the shared zone */

@@ -71,24 +71,19 @@ on_accept(evutil_socket_t fd, short what, void *arg)
 void
 ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c)
 {
-    ric_conn_t *p, *next;
+    ric_link_t *l, *next;
     int reclaimed = 0;
 
-    c->prev = NULL;
-    c->next = w->conns;
-    if (w->conns) {
-        w->conns->prev = c;
-    }
-    w->conns = c;
+    ric_list_push_front(&w->conns, &c->link);
     if (++w->nconns < w->conf->worker_connections) {
         return;
     }
     /* full: idle keep-alive clients make room for waiting ones (and
      * answers close their connections until there is room again) */
-    for (p = w->conns; p && reclaimed < RECLAIM_AT_ONCE; p = next) {
-        next = p->next;
-        if (p != c) {
-            reclaimed += ric_conn_reclaim(p);
+    for (l = w->conns.head; l && reclaimed < RECLAIM_AT_ONCE; l = next) {
+        next = l->next;
+        if (l != &c->link) {
+            reclaimed += ric_conn_reclaim(ric_list_entry(l, ric_conn_t, link));
         }
     }
     if (w->nconns >= w->conf->worker_connections) {
@@ -101,14 +96,7 @@ ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c)
 void
 ric_worker_conn_closed(ric_worker_t *w, ric_conn_t *c)
 {
-    if (c->prev) {
-        c->prev->next = c->next;
-    } else {
-        w->conns = c->next;
-    }
-    if (c->next) {
-        c->next->prev = c->prev;
-    }
+    ric_list_remove(&w->conns, &c->link);
     w->nconns--;
     if (w->shutting_down) {
         if (w->nconns == 0) {
@@ -137,7 +125,7 @@ ric_worker_date(ric_worker_t *w)
 static void
 begin_graceful_shutdown(ric_worker_t *w)
 {
-    ric_conn_t *c, *next;
+    ric_link_t *l, *next;
     struct timeval tv;
     size_t i;
 
@@ -150,9 +138,9 @@ begin_graceful_shutdown(ric_worker_t *w)
     for (i = 0; i < w->naccept; i++) {
         close(event_get_fd(w->accept_events[i]));
     }
-    for (c = w->conns; c; c = next) {
-        next = c->next;
-        ric_conn_shutdown(c);
+    for (l = w->conns.head; l; l = next) {
+        next = l->next;
+        ric_conn_shutdown(ric_list_entry(l, ric_conn_t, link));
     }
     if (w->nconns == 0) {
         event_base_loopbreak(w->base);
@@ -243,7 +231,7 @@ ric_worker_run(ric_conf_t *conf)
     sigaddset(&blocked, SIGQUIT);
     sigprocmask(SIG_BLOCK, &blocked, NULL);
     w->shutting_down = 1; /* closing the rest must not re-enable accepting */
-    while ((c = w->conns) != NULL) {
+    while ((c = ric_list_first(&w->conns, ric_conn_t, link)) != NULL) {
         ric_conn_stop(c);
     }
     /* a store may run the loop a moment to land its last writes: nothing

@@ -17,7 +17,7 @@ struct ric_worker_s {
     int shutting_down; /* graceful: finish in-flight requests, then exit */
     struct event *shutdown_timer;
     struct event *signals[5];
-    ric_conn_t *conns; /* every open client connection */
+    ric_list_t conns;  /* every open client connection (ric_conn_t) */
     ric_upstream_t *upstreams; /* indexed by ric_upstream_conf_t.index */
     int64_t nconns;
     char date[40]; /* "Date" field value, refreshed once a second */
