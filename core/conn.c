@@ -338,19 +338,42 @@ body_step(ric_conn_t *c)
 }
 
 /* Sends "100 Continue" once, when the client waits for it before sending
- * its body (and has sent none yet). */
+ * its body (and has sent none yet), through the one writer: a part the
+ * socket does not take goes when it turns writable, or ahead of the
+ * answer's head, whichever comes first. */
 static int
 send_continue(ric_conn_t *c)
 {
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    size_t taken;
+    int rc = RIC_OK;
 
     if (c->msg.expect_continue && !c->continue_sent && c->in_len == c->in_used
-        && c->msg.version == 11
-        && ric_io_write(&c->io, cont, sizeof(cont) - 1) != (ssize_t) sizeof(cont) - 1) {
-        return RIC_ERROR;
+        && c->msg.version == 11) {
+        ric_buf_put(&c->out, cont, sizeof(cont) - 1);
+        rc = ric_conn_write(c, NULL, 0, &taken);
+        c->interim_pending = rc == RIC_AGAIN;
     }
     c->continue_sent = 1;
-    return RIC_OK;
+    return rc == RIC_ERROR ? RIC_ERROR : RIC_OK;
+}
+
+/* The socket took more: the rest of the 100 Continue. */
+static void
+interim_flush(ric_conn_t *c)
+{
+    size_t taken;
+
+    switch (ric_conn_write(c, NULL, 0, &taken)) {
+    case RIC_OK:
+        event_del(c->wev);
+        break;
+    case RIC_AGAIN:
+        c->interim_pending = 1; /* armed again */
+        break;
+    default:
+        ric_conn_close(c);
+    }
 }
 
 void
@@ -448,6 +471,7 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
     struct timeval tv;
 
     *taken = 0;
+    c->interim_pending = 0; /* whatever waited goes first now */
     if (c->orphan) {
         /* nobody to send to: the request goes on for its own sake */
         c->out.len = c->out_sent = 0;
@@ -535,6 +559,7 @@ request_finish(ric_conn_t *c)
     c->body_reading = c->body_paused = c->body_discard = c->body_complete = 0;
     c->body_received = 0;
     c->continue_sent = 0;
+    c->interim_pending = 0;
     c->response_bytes = 0;
     c->state = RIC_CONN_HEAD;
     c->settings = &c->listener->default_server->settings;
@@ -856,6 +881,8 @@ on_write(evutil_socket_t fd, short what, void *arg)
     c->running++;
     if (c->state == RIC_CONN_HANDSHAKE && (what & EV_TIMEOUT)) {
         handshake_timed_out(c);
+    } else if (c->interim_pending && !(what & EV_TIMEOUT)) {
+        interim_flush(c);
     } else if (c->r != NULL) {
         if (what & EV_TIMEOUT) {
             ric_log_error(RIC_LOG_INFO, 0, "client timed out while sending the response, "

@@ -53,6 +53,7 @@ struct ric_conn_s {
     uint64_t body_received; /* body bytes so far (for client_max_body_size) */
     int body_error;         /* the status a broken body gets */
     int continue_sent;
+    int interim_pending; /* the rest of a 100 Continue waits for the socket */
 
     ric_request_t *r; /* the current request; NULL between requests */
     const ric_http_settings_t *settings; /* of the current request's route */
