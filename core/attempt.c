@@ -77,6 +77,9 @@ on_body_failed(ric_http1_t *h, int err, const char *what)
 {
     ric_attempt_t *u = h->data;
 
+    /* the answer broke off after it was delivered: a failure of the server,
+     * for passive health, though it can no longer be retried */
+    ric_upstream_report(u->r->up, h->peer, 1, ric_now_ms());
     ric_respond_broken(u->r, err, what);
 }
 
@@ -702,6 +705,11 @@ ric_attempts_upload_kick(ric_request_t *r)
 void
 ric_attempts_stop(ric_request_t *r)
 {
+    if (r->attempts.current != NULL) {
+        /* the client's streamed body broke under it: logged, and no word on
+         * the server's health (its fault is not the server's) */
+        record_attempt(r, r->attempts.current, "client_body", 0);
+    }
     attempts_cleanup(r);
 }
 

@@ -62,6 +62,10 @@ http {
             proxy_pass http://backend;
             underscores_in_headers on;
         }
+        location /stream/ {
+            proxy_pass http://backend;
+            retry_body_max 1k;
+        }
     }
     server {
         listen 127.0.0.1:{{PORT}};
@@ -91,6 +95,31 @@ describe("the request pipeline", function()
     before_each(function()
         up:reset()
         up:program({ default = { status = 200, body = "ok" } })
+    end)
+
+    describe("a streamed upload that breaks", function()
+        it("is logged as its attempt's class, client_body, and the client gets its 400", function()
+            up:program({ default = { status = 200, body = "ok", delay_ms = 300 } })
+            -- more than retry_body_max: streamed upstream as it comes; then a chunk size that is no number
+            local c = assert(H.connect(gw.port))
+            assert(c:send("POST /stream/x HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .. "800\r\n" .. ("x"):rep(2048) .. "\r\n"))
+            H.sleep(0.2) -- the attempt is under way, its upload streaming
+            assert(c:send("zz\r\n"))
+            local resp = c:read_response({ timeout = 5 })
+            c:close()
+            assert.truthy(resp, ctx(gw))
+            assert.equal(400, resp.status)
+            local entry = H.wait_until(function()
+                for _, e in ipairs(access_lines(gw)) do
+                    if e.path == "/stream/x" then return e end
+                end
+            end, 5)
+            assert.truthy(entry, ctx(gw))
+            assert.equal(400, entry.status)
+            assert.equal(1, #entry.attempts, json.encode(entry))
+            assert.equal("client_body", entry.attempts[1].class)
+        end)
     end)
 
     describe("command line", function()
