@@ -250,8 +250,8 @@ phase_route(ric_request_t *r)
     return RIC_OK;
 }
 
-/* The route script: its on_log is a cleanup (it runs at finalize, before
- * the access log), its on_request runs now, with the body held. */
+/* The route script's on_request, with the body held (it also registers
+ * the script's on_log as a cleanup, which runs before the access log). */
 static int
 phase_on_request(ric_request_t *r)
 {
@@ -259,9 +259,6 @@ phase_on_request(ric_request_t *r)
 
     if (s == NULL || r->up == NULL) {
         return RIC_OK;
-    }
-    if (s->has_on_log) {
-        ric_request_cleanup_add(r, ric_script_log_cleanup, r);
     }
     return ric_script_on_request(r);
 }

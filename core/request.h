@@ -113,6 +113,7 @@ struct ric_request_s {
     int script_key_removed;    /* req:set_header(key field, nil): the client's key is not sent */
     int script_status;         /* req:respond's status; 0: it did not answer */
     int script_ctx_ref;        /* the script's per-request table (req.ctx); 0: none yet */
+    int script_logs;           /* its script's on_log is a cleanup of it (on_request's place) */
     unsigned script_ctx_gen;   /* ...of this generation of the scripts' state */
 
     /* an own answer with fields and a body of its own (a script's

@@ -42,6 +42,7 @@ typedef struct ric_script_state_s {
     int refused;          /* an allocation was refused during the current call */
     int rebuild;          /* made again before its next call */
     unsigned gen;         /* bumped each time it is made: older registry refs are void */
+    uint64_t shown;       /* 1 + the seq of the request req's fields show; 0: none */
 } state_t;
 
 static state_t *cur;
@@ -257,6 +258,7 @@ state_init(char *err, size_t errlen)
     }
     L = lua_newstate(bounded_alloc, cur);
     state_gen++;
+    cur->shown = 0;
     if (L == NULL) {
         snprintf(err, errlen, "cannot create the Lua state (out of memory)");
         return RIC_ERROR;
@@ -552,7 +554,8 @@ log_failure(const ric_script_t *s, int hook, const ric_request_t *r)
         }
     }
     ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s%s, client: %s", s->path,
-                  names[hook], hook != RIC_HOOK_ON_LOG ? " (the built-in policy decides)" : "",
+                  names[hook], hook == RIC_HOOK_ON_RESPONSE ? " (the answer goes unchanged)"
+                  : hook != RIC_HOOK_ON_LOG ? " (the built-in policy decides)" : "",
                   error_text(), count, r->c->peer);
 }
 
@@ -648,7 +651,8 @@ ctx_unref(ric_request_t *r)
     r->script_ctx_ref = 0;
 }
 
-/* A request that ends without on_log lets its table go here; with on_log,
+/* A request that ends without on_log (none, or never registered: it
+ * ended before on_request's place) lets its table go here; with on_log,
  * the log cleanup (which runs after this one) does. */
 static void
 ctx_cleanup(void *data)
@@ -656,7 +660,7 @@ ctx_cleanup(void *data)
     ric_request_t *r = data;
     const ric_script_t *s = script_of(r);
 
-    if (s == NULL || !s->has_on_log) {
+    if (s == NULL || !r->script_logs) {
         ctx_unref(r);
     }
 }
@@ -702,26 +706,38 @@ ric_script_push_ctx(lua_State *l, ric_request_t *r)
     push_ctx(r);
 }
 
-int
-ric_script_on_request(ric_request_t *r)
+/* Fills the req object's fields with r's, unless they show r already:
+ * before every hook, so a req a script kept from another request (an
+ * earlier one, or one whose hooks interleave with r's) shows r, never
+ * that one's. */
+static void
+show_request(ric_request_t *r)
 {
-    ric_script_t *s = script_of(r);
     const ric_http_msg_t *m = r->msg;
     ric_str_t target, path, query = ric_null_string;
-    char where[512];
-    int top, rc;
 
-    if (s == NULL) {
-        return RIC_OK;
+    static const char *const res_keys[] = { "status", "ctx", NULL };
+    static const char *const attempt_keys[] = { "number", "class", "elapsed", "remaining",
+                                                "upstream", "ctx", NULL };
+    const char *const *k;
+
+    if (cur->shown == r->seq + 1) {
+        return;
     }
-    use(s);
-    if (rebuild_pending) {
-        state_rebuild();
+    cur->shown = r->seq + 1;
+    /* a res or attempt kept from another request shows nothing of it */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res_fields);
+    for (k = res_keys; *k; k++) {
+        lua_pushnil(L);
+        set_raw(*k);
     }
-    if (s->ref_on_request == LUA_NOREF) {
-        return RIC_OK;
+    lua_pop(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_attempt_fields);
+    for (k = attempt_keys; *k; k++) {
+        lua_pushnil(L);
+        set_raw(*k);
     }
-    top = lua_gettop(L);
+    lua_pop(L, 1);
     target = ric_request_span(r, m->target_off, m->target_len);
     path = target;
     for (size_t i = 0; i < target.len; i++) {
@@ -732,14 +748,16 @@ ric_script_on_request(ric_request_t *r)
             break;
         }
     }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_request);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);            /* the argument: the proxy */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req_fields);     /* what it shows */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req_fields);
     set_string("method", ric_request_span(r, m->method_off, m->method_len));
     set_string("path", path);
     lua_pushlstring(L, query.data ? (const char *) query.data : "", query.len);
     set_raw("query");
-    lua_pushnil(L);
+    if (r->script_idempotent != 0) {
+        lua_pushboolean(L, r->script_idempotent > 0);
+    } else {
+        lua_pushnil(L);
+    }
     set_raw("idempotent");
     lua_pushnil(L); /* client and id: made on first read (ric_script_push_ctx's way) */
     set_raw("client");
@@ -747,7 +765,34 @@ ric_script_on_request(ric_request_t *r)
     set_raw("id");
     push_ctx_if_made(r);
     set_raw("ctx");
-    lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
+    lua_pop(L, 1);
+}
+
+int
+ric_script_on_request(ric_request_t *r)
+{
+    ric_script_t *s = script_of(r);
+    char where[512];
+    int top, rc;
+
+    if (s == NULL) {
+        return RIC_OK;
+    }
+    if (s->has_on_log) {
+        ric_request_cleanup_add(r, ric_script_log_cleanup, r); /* before the access log's */
+        r->script_logs = 1;
+    }
+    use(s);
+    if (rebuild_pending) {
+        state_rebuild();
+    }
+    if (s->ref_on_request == LUA_NOREF) {
+        return RIC_OK;
+    }
+    top = lua_gettop(L);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_request);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);            /* the argument: the proxy */
+    show_request(r);
 
     ric_script_request = r;
     ric_script_in_on_request = 1;
@@ -802,9 +847,10 @@ ric_script_on_response(ric_request_t *r)
         state_rebuild();
     }
     if (s->ref_on_response == LUA_NOREF) {
-        return s->has_on_log;
+        return r->script_logs;
     }
     top = lua_gettop(L);
+    show_request(r);
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_response);
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res_fields);
@@ -825,7 +871,7 @@ ric_script_on_response(ric_request_t *r)
     ric_script_attempt = NULL;
     ric_script_request = NULL;
     lua_settop(L, top);
-    return s->has_on_log;
+    return r->script_logs;
 }
 
 int
@@ -859,6 +905,7 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
         return RIC_CLASSIFY_DEFAULT;
     }
     top = lua_gettop(L);
+    show_request(r);
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_classify);
     if (class == RIC_CLASS_STATUS) {
         lua_rawgeti(L, LUA_REGISTRYINDEX, ref_res);
@@ -955,6 +1002,7 @@ ric_script_log_cleanup(void *data)
         return;
     }
     top = lua_gettop(L);
+    show_request(r);
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_log);
     lua_newtable(L); /* ctx: a copy, so nothing the hook does reaches the request */
     set_string("method", ric_request_span(r, m->method_off, m->method_len));

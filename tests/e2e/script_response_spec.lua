@@ -37,11 +37,29 @@ local NEVER = [[
 return { on_request = function(req) req.idempotent = false end }
 ]]
 
+-- keeps the req of one request and reads it in hooks of later ones; fills res.ctx where on_request never ran
+local KEEPER = [[
+local kept
+return {
+    on_request = function(req) kept = req; req.ctx.secret = req:header("X-Secret") end,
+    on_response = function(res)
+        res.ctx.big = ("z"):rep(200000) .. tostring(math.random())
+        if kept then
+            res:set_header("X-Kept-Path", tostring(kept.path))
+            res:set_header("X-Kept-Method", tostring(kept.method))
+            res:set_header("X-Kept-Secret", tostring(kept.ctx.secret))
+        end
+    end,
+    on_log = function(ctx) end,
+}
+]]
+
 local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
     access_log logs/access.log;
+    script_memory_max 16m;
     upstream up { server {{UPSTREAM}}; retry_budget off; }
     upstream dead { server 127.0.0.1:{{DEAD}}; retry_budget off; }
     server {
@@ -52,6 +70,7 @@ http {
         location /s/ { script {{SCRIPT}}; proxy_pass http://up; }
         location /dead/ { script {{SCRIPT}}; proxy_pass http://dead; }
         location /never/ { script {{NEVER}}; proxy_pass http://up; }
+        location /keep/ { script {{KEEPER}}; client_max_body_size 100; proxy_pass http://up; }
     }
 }
 ]]
@@ -85,8 +104,9 @@ describe("on_response on every answer", function()
         assert(lfs.mkdir(dir))
         H.write_file(dir .. "/script.lua", SCRIPT)
         H.write_file(dir .. "/never.lua", NEVER)
+        H.write_file(dir .. "/keeper.lua", KEEPER)
         gw = H.start_gateway({ conf = CONF, upstream = up,
-            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", STORE = dir .. "/idem.mdb", DEAD = H.free_port() } })
+            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", KEEPER = dir .. "/keeper.lua", STORE = dir .. "/idem.mdb", DEAD = H.free_port() } })
     end)
 
     teardown(function()
@@ -184,5 +204,26 @@ describe("on_response on every answer", function()
         assert.equal(200, again.status, ctx(gw))
         assert.equal("true", again.headers["idempotent-replayed"], ctx(gw))
         assert.equal(1, #up:hits())
+    end)
+
+    it("shows no other request's req to a hook, and frees what on_response made on a refused request", function()
+        up:reset()
+        up:program({ default = { status = 200, body = "ok" } })
+        local r = assert(H.request(gw.port, { method = "PUT", path = "/keep/a?token=alice",
+            headers = { { "X-Secret", "alice" } }, body = "x" }))
+        assert.equal(200, r.status)
+        assert.equal("/keep/a", r.headers["x-kept-path"])
+        assert.equal("alice", r.headers["x-kept-secret"])
+        -- refused before on_request's place (413): the kept req shows this request, not alice's
+        for i = 1, 120 do
+            r = assert(H.request(gw.port, { method = "POST", path = "/keep/big" .. i, body = ("b"):rep(500) }))
+            assert.equal(413, r.status)
+            assert.equal("/keep/big" .. i, r.headers["x-kept-path"], ctx(gw))
+            assert.equal("POST", r.headers["x-kept-method"])
+            assert.equal("nil", r.headers["x-kept-secret"], ctx(gw))
+        end
+        -- 120 tables of 200 KB made in on_response were each freed with their request: 16m was never reached
+        assert.is_nil(gw:log():find("more memory than script_memory_max", 1, true), ctx(gw))
+        assert.is_nil(gw:log():find("was made again", 1, true), ctx(gw))
     end)
 end)
