@@ -138,6 +138,46 @@ ric_io_close(ric_io_t *io)
 }
 
 int
+ric_io_listen(const struct sockaddr *sa, socklen_t len, int backlog, const char **what)
+{
+    int fd, one = 1, saved;
+
+    *what = "socket";
+    fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd == -1) {
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (sa->sa_family == AF_INET6) {
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    }
+    *what = "bind";
+    if (bind(fd, sa, len) == 0) {
+        *what = "listen";
+        if (listen(fd, backlog) == 0) {
+            return fd;
+        }
+    }
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+int
+ric_io_accept(int listen_fd, struct sockaddr_storage *ss, socklen_t *len)
+{
+    int fd;
+
+    *len = sizeof(*ss);
+    fd = accept4(listen_fd, (struct sockaddr *) ss, len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd == -1 && (errno == EINTR || errno == ECONNABORTED || errno == EWOULDBLOCK)) {
+        errno = EAGAIN; /* another worker took it, or the client gave up */
+    }
+    return fd;
+}
+
+int
 ric_io_connect(ric_io_t *io, const struct sockaddr *sa, socklen_t len)
 {
     int fd, saved;

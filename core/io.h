@@ -1,4 +1,4 @@
-/* io.h: the one I/O layer: every socket read, write, sendfile, shutdown and liveness peek goes through a ric_io_t. */
+/* io.h: the one I/O layer: every socket the gateway opens, listens on, accepts, connects, reads, writes, sends a file to, shuts down or peeks at goes through here (hiredis, the Redis client, makes its own socket calls on its connection). */
 #ifndef RIC_IO_H
 #define RIC_IO_H
 
@@ -95,6 +95,16 @@ struct event;
  * libevent would keep it); a read event fires at once when io holds bytes
  * the socket no longer signals (ric_io_pending). */
 void ric_io_arm(ric_io_t *io, struct event *ev, const struct timeval *tv);
+
+/* A listening socket bound to sa (non-blocking, SO_REUSEADDR, IPv6 only for
+ * an IPv6 address): its fd, or -1 with errno set and *what the call that
+ * failed ("socket", "bind", "listen"). The master's, kept across workers. */
+int ric_io_listen(const struct sockaddr *sa, socklen_t len, int backlog, const char **what);
+
+/* The next connection waiting on a listening socket, non-blocking: its fd,
+ * or -1 with errno set (EAGAIN: none waits; EINTR and ECONNABORTED are
+ * reported as EAGAIN). */
+int ric_io_accept(int listen_fd, struct sockaddr_storage *ss, socklen_t *len);
 
 /* Opens a non-blocking stream socket on io and starts connecting it to sa.
  * RIC_OK: connected or in progress (the socket turns writable when it is

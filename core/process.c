@@ -1,4 +1,5 @@
 /* process.c: the master: binds listeners, forks workers, replaces dead ones, handles signals. */
+#include "io.h"
 #include "process.h"
 #include "log.h"
 #include "worker.h"
@@ -54,26 +55,12 @@ socket_find(const struct sockaddr_storage *addr, socklen_t addrlen)
 static int
 socket_open(const ric_listener_t *ls)
 {
-    int fd, one = 1;
+    const char *what;
+    int fd = ric_io_listen((const struct sockaddr *) &ls->addr, ls->addrlen, LISTEN_BACKLOG, &what);
 
-    fd = socket(ls->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd == -1) {
-        ric_log_error(RIC_LOG_EMERG, errno, "socket() for %s failed", ls->text);
-        return -1;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (ls->addr.ss_family == AF_INET6) {
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-    }
-    if (bind(fd, (const struct sockaddr *) &ls->addr, ls->addrlen) == -1) {
-        ric_log_error(RIC_LOG_EMERG, errno, "bind() to %s failed", ls->text);
-        close(fd);
-        return -1;
-    }
-    if (listen(fd, LISTEN_BACKLOG) == -1) {
-        ric_log_error(RIC_LOG_EMERG, errno, "listen() on %s failed", ls->text);
-        close(fd);
-        return -1;
+        ric_log_error(RIC_LOG_EMERG, errno, "%s() %s %s failed", what,
+                      what[0] == 's' ? "for" : what[0] == 'b' ? "to" : "on", ls->text);
     }
     return fd;
 }

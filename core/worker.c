@@ -1,4 +1,5 @@
 /* worker.c: a worker process: accepts on the inherited listeners and runs the event loop. */
+#include "io.h"
 #include "worker.h"
 #include "access_log.h"
 #include "conn.h"
@@ -50,12 +51,10 @@ on_accept(evutil_socket_t fd, short what, void *arg)
 
     (void) what;
     for (i = 0; i < n && w->accepting; i++) {
-        len = sizeof(ss);
-        cfd = accept4(fd, (struct sockaddr *) &ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        cfd = ric_io_accept(fd, &ss, &len);
         if (cfd == -1) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED
-                || errno == EINTR) {
-                return; /* another worker took it, or the client gave up */
+            if (errno == EAGAIN) {
+                return; /* none waits: another worker took it, or the client gave up */
             }
             ric_log_error(RIC_LOG_ALERT, errno, "accept4() failed on %s", ls->text);
             if (errno == EMFILE || errno == ENFILE) {
