@@ -1371,6 +1371,7 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
     }
     if (strncmp(a, "lmdb:", 5) == 0 && a[5] != '\0') {
         sc->kind = RIC_IDEM_STORE_LMDB;
+        sc->ops = &ric_idem_lmdb_ops;
         sc->path = ric_conf_full_path(cf->pool, cf->conf->prefix, a + 5);
         if (cf->nargs > 2) {
             if (strncmp(cf->args[2], "size=", 5) != 0
@@ -1386,6 +1387,7 @@ set_idempotency_store(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *con
             return ric_conf_reason(cf, "a redis:// store takes no options: \"%s\"", cf->args[2]);
         }
         sc->kind = RIC_IDEM_STORE_REDIS;
+        sc->ops = &ric_idem_redis_ops;
         sc->spec = redis_shown(cf, a);
         if ((reason = parse_redis(cf, cmd, sc, a + 8)) != NULL) {
             return reason;

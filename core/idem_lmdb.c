@@ -14,6 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+static void lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
+                        const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires);
+
 #define SWEEP_EVERY_MS 1000 /* expired records are swept this often */
 #define FLUSH_EVERY_MS 5000 /* idempotency_sync off: the file is flushed this often */
 #define SWEEP_AT_ONCE 1024  /* records looked at per sweep: one short transaction */
@@ -167,7 +170,7 @@ cancel_wait(ric_async_t *a)
         if (*pp == op) {
             *pp = op->next;
             /* the lock was written, for a request that is gone now */
-            ric_idem_lmdb_settle(&s->base, op->key, op->token, NULL, 0, 0);
+            lmdb_settle(&s->base, op->key, op->token, NULL, 0, 0, 0);
             break;
         }
     }
@@ -1165,13 +1168,14 @@ enqueue(lmdb_store_t *s, const u_char *key, const u_char *rec, size_t len)
     return it;
 }
 
-int
-ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size_t len,
-                    int durable, ric_idem_op_t *op)
+static int
+lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size_t len, int64_t ttl_ms,
+           int durable, ric_idem_op_t *op)
 {
     lmdb_store_t *s = (lmdb_store_t *) base;
     batch_item_t *it;
 
+    (void) ttl_ms; /* a lock's time is in the record */
     if (s->batch == NULL) {
         return op->rc = claim_one(s, key, rec, len, op); /* no loop: at once */
     }
@@ -1185,13 +1189,14 @@ ric_idem_lmdb_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size
     return RIC_AGAIN;
 }
 
-void
-ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
-                     const u_char *rec, size_t len, int64_t lock_expires)
+static void
+lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *token, const u_char *rec,
+            size_t len, int64_t ttl_ms, int64_t lock_expires)
 {
     lmdb_store_t *s = (lmdb_store_t *) base;
     batch_item_t *it;
 
+    (void) ttl_ms; /* a record's time is in it */
     if (s->batch == NULL) {
         settle_one(s, key, token, rec, len);
         return;
@@ -1200,3 +1205,86 @@ ric_idem_lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char *to
     memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
     it->lock_expires = lock_expires;
 }
+
+/* The master's check: the file verified, then opened (made when new) and
+ * closed again. */
+static int
+lmdb_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
+{
+    ric_idem_store_t *s;
+    int rc;
+
+    /* a damaged file is never opened for writing: the config decides
+     * (idempotency_store_recover) what becomes of it */
+    sc->damaged[0] = '\0';
+    rc = ric_idem_lmdb_verify(sc, sc->damaged, sizeof(sc->damaged));
+    if (rc == RIC_DECLINED) {
+        return RIC_OK;
+    }
+    sc->damaged[0] = '\0';
+    if (rc == RIC_ERROR) {
+        snprintf(err, errlen, "cannot check LMDB file \"%s\"", sc->path);
+        return RIC_ERROR;
+    }
+    s = ric_idem_lmdb_open(sc, NULL, err, errlen);
+    if (s == NULL) {
+        return RIC_ERROR;
+    }
+    ric_idem_lmdb_close(s);
+    return RIC_OK;
+}
+
+/* idempotency_store_recover rename: a damaged file moved aside to
+ * PATH.damaged-TIMESTAMP and made again empty (with test, only said). */
+static int
+lmdb_recover(ric_idem_store_conf_t *sc, int test, char *err, size_t errlen)
+{
+    char aside[4200], lock[4200];
+    struct tm tm;
+    time_t now = time(NULL);
+
+    {
+        if (sc->damaged[0] == '\0') {
+            return RIC_OK;
+        }
+        localtime_r(&now, &tm);
+        snprintf(aside, sizeof(aside), "%s.damaged-%04d%02d%02dT%02d%02d%02d", sc->path,
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        if (test) {
+            fprintf(stderr, "ricochet: [warn] idempotency store \"%s\" is damaged (%s): at start "
+                    "it is moved aside to %s and a new, empty store is made "
+                    "(idempotency_store_recover rename)\n", sc->spec, sc->damaged, aside);
+            return RIC_OK;
+        }
+        if (rename(sc->path, aside) != 0) {
+            snprintf(err, errlen, "idempotency store \"%s\" is damaged (%s) and cannot be moved "
+                     "aside to %s: %s", sc->spec, sc->damaged, aside, strerror(errno));
+            return RIC_ERROR;
+        }
+        snprintf(lock, sizeof(lock), "%s-lock", sc->path);
+        unlink(lock); /* the old file's readers' table: the new file starts its own */
+        ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\" is damaged (%s): moved aside "
+                      "to %s, starting with an empty store: keys it held can run again "
+                      "(idempotency_store_recover rename)", sc->spec, sc->damaged, aside);
+        sc->damaged[0] = '\0';
+        if (lmdb_check(sc, err, errlen) != RIC_OK) {
+            return RIC_ERROR;
+        }
+        if (sc->damaged[0] != '\0') {
+            snprintf(err, errlen, "idempotency store \"%s\": the new file is damaged too: %s",
+                     sc->spec, sc->damaged);
+            return RIC_ERROR;
+        }
+    }
+    return RIC_OK;
+}
+
+static ric_idem_store_t *
+lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t errlen)
+{
+    return ric_idem_lmdb_open(sc, base, err, errlen);
+}
+
+const ric_idem_store_ops_t ric_idem_lmdb_ops = {
+    "lmdb", lmdb_check, lmdb_recover, lmdb_open, ric_idem_lmdb_close, lmdb_claim, lmdb_settle
+};

@@ -325,9 +325,11 @@ connect_now(redis_store_t *s)
     event_add(s->connect_timer, &tv);
 }
 
-ric_idem_store_t *
-ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base)
+static ric_idem_store_t *
+redis_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t errlen)
 {
+    (void) err; /* it cannot fail here: it connects, and reconnects, on its own */
+    (void) errlen;
     redis_store_t *s = ric_xcalloc(1, sizeof(*s));
 
     s->base.kind = RIC_IDEM_STORE_REDIS;
@@ -354,8 +356,8 @@ on_close_timeout(evutil_socket_t fd, short what, void *arg)
     event_base_loopbreak(s->ev);
 }
 
-void
-ric_idem_redis_close(ric_idem_store_t *base)
+static void
+redis_close(ric_idem_store_t *base)
 {
     redis_store_t *s = (redis_store_t *) base;
     struct event *limit;
@@ -686,14 +688,15 @@ on_claim_timeout(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-int
-ric_idem_redis_claim(ric_idem_store_t *base, const u_char *key, const u_char *rec, size_t len,
-                     int64_t ttl_ms, ric_idem_op_t *op)
+static int
+redis_claim(ric_idem_store_t *base, const u_char *key, u_char *rec, size_t len, int64_t ttl_ms,
+            int durable, ric_idem_op_t *op)
 {
     redis_store_t *s = (redis_store_t *) base;
     item_t *it;
     struct timeval tv;
 
+    (void) durable; /* Redis's own persistence decides */
     if (s->state == REDIS_DOWN || s->ac == NULL) {
         snprintf(op->error, sizeof(op->error), "not connected to Redis");
         return op->rc = RIC_ERROR;
@@ -710,8 +713,8 @@ ric_idem_redis_claim(ric_idem_store_t *base, const u_char *key, const u_char *re
     return RIC_AGAIN;
 }
 
-void
-ric_idem_redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
+static void
+redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
                       const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires)
 {
     redis_store_t *s = (redis_store_t *) base;
@@ -731,3 +734,8 @@ ric_idem_redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *t
     memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
     it->lock_expires = lock_expires;
 }
+
+/* Nothing to check before workers start: Redis may come up after the gateway, which reconnects. */
+const ric_idem_store_ops_t ric_idem_redis_ops = {
+    "redis", NULL, NULL, redis_open, redis_close, redis_claim, redis_settle
+};

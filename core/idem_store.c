@@ -1,4 +1,4 @@
-/* idem_store.c: opening the idempotency stores in a worker, and the one claim/settle interface over LMDB and Redis. */
+/* idem_store.c: the one claim/settle interface over the stores' operations tables (ric_idem_store_ops_t), opening them in a worker, their counters, the settle backlog and the lost-settle log. */
 #include "idem_store.h"
 #include "conf.h"
 #include "log.h"
@@ -98,70 +98,17 @@ ric_idem_store_share(ric_conf_t *conf, struct ric_shm_s *zone, char *err, size_t
 int
 ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
 {
-    ric_idem_store_t *s;
-    int rc;
-
-    if (sc->kind != RIC_IDEM_STORE_LMDB) {
-        return RIC_OK; /* Redis may come up after us: the gateway reconnects */
-    }
-    /* a damaged file is never opened for writing: the config decides
-     * (idempotency_store_recover) what becomes of it */
-    sc->damaged[0] = '\0';
-    rc = ric_idem_lmdb_verify(sc, sc->damaged, sizeof(sc->damaged));
-    if (rc == RIC_DECLINED) {
-        return RIC_OK;
-    }
-    sc->damaged[0] = '\0';
-    if (rc == RIC_ERROR) {
-        snprintf(err, errlen, "cannot check LMDB file \"%s\"", sc->path);
-        return RIC_ERROR;
-    }
-    s = ric_idem_lmdb_open(sc, NULL, err, errlen);
-    if (s == NULL) {
-        return RIC_ERROR;
-    }
-    ric_idem_lmdb_close(s);
-    return RIC_OK;
+    return sc->ops != NULL && sc->ops->check != NULL ? sc->ops->check(sc, err, errlen) : RIC_OK;
 }
 
 int
 ric_idem_store_recover_all(ric_conf_t *conf, int test, char *err, size_t errlen)
 {
     ric_idem_store_conf_t *sc;
-    char aside[4200], lock[4200];
-    struct tm tm;
-    time_t now = time(NULL);
 
     for (sc = conf->http ? conf->http->idem_stores : NULL; sc; sc = sc->next) {
-        if (sc->kind != RIC_IDEM_STORE_LMDB || sc->damaged[0] == '\0') {
-            continue;
-        }
-        localtime_r(&now, &tm);
-        snprintf(aside, sizeof(aside), "%s.damaged-%04d%02d%02dT%02d%02d%02d", sc->path,
-                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-        if (test) {
-            fprintf(stderr, "ricochet: [warn] idempotency store \"%s\" is damaged (%s): at start "
-                    "it is moved aside to %s and a new, empty store is made "
-                    "(idempotency_store_recover rename)\n", sc->spec, sc->damaged, aside);
-            continue;
-        }
-        if (rename(sc->path, aside) != 0) {
-            snprintf(err, errlen, "idempotency store \"%s\" is damaged (%s) and cannot be moved "
-                     "aside to %s: %s", sc->spec, sc->damaged, aside, strerror(errno));
-            return RIC_ERROR;
-        }
-        snprintf(lock, sizeof(lock), "%s-lock", sc->path);
-        unlink(lock); /* the old file's readers' table: the new file starts its own */
-        ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\" is damaged (%s): moved aside "
-                      "to %s, starting with an empty store: keys it held can run again "
-                      "(idempotency_store_recover rename)", sc->spec, sc->damaged, aside);
-        sc->damaged[0] = '\0';
-        if (ric_idem_store_check(sc, err, errlen) != RIC_OK) {
-            return RIC_ERROR;
-        }
-        if (sc->damaged[0] != '\0') {
-            snprintf(err, errlen, "idempotency store \"%s\": the new file is damaged too: %s",
-                     sc->spec, sc->damaged);
+        if (sc->ops != NULL && sc->ops->recover != NULL
+            && sc->ops->recover(sc, test, err, errlen) != RIC_OK) {
             return RIC_ERROR;
         }
     }
@@ -175,19 +122,13 @@ ric_idem_store_open_all(ric_idem_store_conf_t *list, struct event_base *base)
     char err[512];
 
     for (sc = list; sc; sc = sc->next) {
-        switch (sc->kind) {
-        case RIC_IDEM_STORE_LMDB:
-            sc->store = ric_idem_lmdb_open(sc, base, err, sizeof(err));
-            if (sc->store == NULL) {
-                ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\" is unusable: %s",
-                              sc->spec, err);
-            }
-            break;
-        case RIC_IDEM_STORE_REDIS:
-            sc->store = ric_idem_redis_open(sc, base);
-            break;
-        case RIC_IDEM_STORE_OFF:
-            break;
+        if (sc->ops == NULL) {
+            continue;
+        }
+        sc->store = sc->ops->open(sc, base, err, sizeof(err));
+        if (sc->store == NULL) {
+            ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\" is unusable: %s", sc->spec,
+                          err);
         }
     }
 }
@@ -198,15 +139,10 @@ ric_idem_store_close_all(ric_idem_store_conf_t *list)
     ric_idem_store_conf_t *sc;
 
     for (sc = list; sc; sc = sc->next) {
-        if (sc->store == NULL) {
-            continue;
+        if (sc->store != NULL) {
+            sc->ops->close(sc->store);
+            sc->store = NULL;
         }
-        if (sc->kind == RIC_IDEM_STORE_LMDB) {
-            ric_idem_lmdb_close(sc->store);
-        } else {
-            ric_idem_redis_close(sc->store);
-        }
-        sc->store = NULL;
     }
 }
 
@@ -221,23 +157,15 @@ ric_idem_store_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t
         snprintf(op->error, sizeof(op->error), "the store could not be opened");
         return op->rc = RIC_ERROR;
     }
-    if (s->kind == RIC_IDEM_STORE_LMDB) {
-        return ric_idem_lmdb_claim(s, key, rec, len, durable, op);
-    }
-    return ric_idem_redis_claim(s, key, rec, len, ttl_ms, op);
+    return s->conf->ops->claim(s, key, rec, len, ttl_ms, durable, op);
 }
 
 void
 ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
                       const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires)
 {
-    if (s == NULL) {
-        return;
-    }
-    if (s->kind == RIC_IDEM_STORE_LMDB) {
-        ric_idem_lmdb_settle(s, key, token, rec, len, lock_expires);
-    } else {
-        ric_idem_redis_settle(s, key, token, rec, len, ttl_ms, lock_expires);
+    if (s != NULL) {
+        s->conf->ops->settle(s, key, token, rec, len, ttl_ms, lock_expires);
     }
 }
 

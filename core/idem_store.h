@@ -17,6 +17,29 @@ typedef struct ric_idem_store_s ric_idem_store_t;
 typedef struct ric_idem_store_conf_s ric_idem_store_conf_t;
 typedef struct ric_idem_op_s ric_idem_op_t;
 
+/* A kind of store's operations (idem_lmdb.c, idem_redis.c), as the I/O
+ * layer's kinds of socket have theirs: the interface below reaches a store
+ * only through them. */
+typedef struct {
+    const char *name;
+    /* the master, before any worker: whether the store can be used (NULL:
+     * nothing to check; it may come up later) ... */
+    int (*check)(ric_idem_store_conf_t *sc, char *err, size_t errlen);
+    /* ... and what becomes of a damaged one (NULL: nothing can be) */
+    int (*recover)(ric_idem_store_conf_t *sc, int test, char *err, size_t errlen);
+    /* a worker's: NULL with err when it cannot be used */
+    ric_idem_store_t *(*open)(ric_idem_store_conf_t *sc, struct event_base *base, char *err,
+                              size_t errlen);
+    void (*close)(ric_idem_store_t *s);
+    int (*claim)(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t len, int64_t ttl_ms,
+                 int durable, ric_idem_op_t *op);
+    void (*settle)(ric_idem_store_t *s, const u_char *key, const u_char *token,
+                   const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires);
+} ric_idem_store_ops_t;
+
+extern const ric_idem_store_ops_t ric_idem_lmdb_ops;
+extern const ric_idem_store_ops_t ric_idem_redis_ops;
+
 /* What a store's requests met, counted by every worker in the shared zone
  * (for metrics): indexes into ric_idem_counters_t.n. */
 typedef enum {
@@ -39,6 +62,7 @@ typedef struct {
 /* One `idempotency_store` value; routes naming the same store share one. */
 struct ric_idem_store_conf_s {
     ric_idem_store_kind_t kind;
+    const ric_idem_store_ops_t *ops; /* NULL: off */
     char *spec;          /* as written: "lmdb:/var/lib/ricochet/idem.mdb", "redis://..." */
     char *path;          /* LMDB: the data file (its lock file is PATH-lock) */
     int64_t map_size;    /* LMDB: the map's size in bytes (size=) */
@@ -246,21 +270,11 @@ void ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *diges
 /* A record key as 64 lowercase hex digits and a NUL (2 * RIC_IDEM_KEY_LEN + 1 bytes). */
 void ric_idem_key_hex(const u_char *key, char *out);
 
-/* The stores' own parts (idem_lmdb.c, idem_redis.c). */
+/* The LMDB store's open and close, for its unit tests (the gateway goes
+ * through ric_idem_lmdb_ops). */
 ric_idem_store_t *ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base,
                                      char *err, size_t errlen);
 void ric_idem_lmdb_close(ric_idem_store_t *s);
-int ric_idem_lmdb_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, size_t len,
-                        int durable, ric_idem_op_t *op);
-void ric_idem_lmdb_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
-                          const u_char *rec, size_t len, int64_t lock_expires);
-
-ric_idem_store_t *ric_idem_redis_open(ric_idem_store_conf_t *sc, struct event_base *base);
-void ric_idem_redis_close(ric_idem_store_t *s);
-int ric_idem_redis_claim(ric_idem_store_t *s, const u_char *key, const u_char *rec, size_t len,
-                         int64_t ttl_ms, ric_idem_op_t *op);
-void ric_idem_redis_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
-                           const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires);
 
 /* The wall clock in milliseconds (records outlive processes and hosts),
  * moved by ric_idem_wall_skew_ms (tests move time forward with it). */
