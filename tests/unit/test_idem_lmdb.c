@@ -15,6 +15,7 @@ conf_for(const char *name, int64_t size)
 
     memset(&sc, 0, sizeof(sc));
     sc.kind = RIC_IDEM_STORE_LMDB;
+    sc.ops = &ric_idem_lmdb_ops;
     n = (n + 1) % 2;
     snprintf(path[n], sizeof(path[n]), "%s/%s", dir, name);
     sc.path = path[n];
