@@ -52,8 +52,9 @@ local guard = function() end
 local depth = 0
 local raw_pcall, raw_xpcall, raw_error, select, unpack = pcall, xpcall, error, select, unpack
 
+-- a stop, or an allocation the state's bound refused: the call is over, whatever catches it
 local function stopped(e)
-    return type(e) == "string" and e:find(STOPPED, 1, true) ~= nil
+    return type(e) == "string" and (e:find(STOPPED, 1, true) ~= nil or e == "not enough memory")
 end
 
 -- pcall's results, with a stop passed on

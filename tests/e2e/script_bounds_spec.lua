@@ -38,6 +38,14 @@ attacks["/concat"] = function()
     for _ = 1, 6 do s = s .. s end
     return s
 end
+attacks["/pcall-memory"] = function()
+    -- the refused allocation caught, then on as if nothing happened: still a stop
+    pcall(function()
+        local s = ("x"):rep(16000000)
+        for _ = 1, 6 do s = s .. s end
+        return s
+    end)
+end
 attacks["/keep"] = function()
     kept = kept or {}
     for i = 1, 1000 do kept[#kept + 1] = ("y"):rep(1000000) .. i end
@@ -161,6 +169,10 @@ describe("a hostile route script", function()
         attack("/concat")
         attack("/keep")
         attack("/concat")
+        local _, before = gw:log():gsub("more memory than script_memory_max allows", "")
+        attack("/pcall-memory")
+        local _, after_stops = gw:log():gsub("more memory than script_memory_max allows", "")
+        assert.equal(before + 1, after_stops, ctx(gw, "a caught refusal still stops the call"))
         assert.truthy(gw:log():find("more memory than script_memory_max allows", 1, true), ctx(gw))
         local after = assert(rss_kb(worker))
         -- AddressSanitizer's allocator keeps freed memory in quarantine: only a plain build can show it back
@@ -170,6 +182,31 @@ describe("a hostile route script", function()
         if not sanitized then
             assert.truthy(after - base < 10 * 1024, ("worker RSS %d KiB before, %d KiB after"):format(base, after))
         end
+    end)
+end)
+
+describe("a refused allocation caught with pcall", function()
+    it("still stops the call: the hook does not go on", function()
+        local up = H.start_upstream()
+        local script = sdir .. "-caught.lua"
+        H.write_file(script, [=[
+return { on_request = function(req)
+    local ok, e = pcall(function() local s = ("x"):rep(16000000) for _ = 1, 6 do s = s .. s end return s end)
+    req:set_header("X-Caught", tostring(ok) .. " " .. tostring(e))
+end }
+]=])
+        local gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = script } })
+        local ok, err = pcall(function()
+            local r = assert(H.request(gw.port, { method = "GET", path = "/x", timeout = 20 }))
+            assert.equal(200, r.status)
+            assert.same({}, H.hit_values(up:hits()[1], "X-Caught"), ctx(gw))
+            assert.truthy(gw:log():find("on_request failed (the built-in policy decides): stopped: it used "
+                .. "more memory than script_memory_max allows", 1, true), ctx(gw))
+        end)
+        gw:stop()
+        up:stop()
+        os.remove(script)
+        assert(ok, err)
     end)
 end)
 
