@@ -46,6 +46,74 @@ format_peer(ric_conn_t *c, const struct sockaddr *sa)
     snprintf(c->peer_port, sizeof(c->peer_port), "%u", port);
 }
 
+/* --- the worker's set ------------------------------------------------------ */
+
+#define RECLAIM_AT_ONCE 32 /* idle connections closed when the set is full */
+
+static void
+set_add(ric_conn_set_t *s, ric_conn_t *c)
+{
+    ric_link_t *l, *next;
+    int reclaimed = 0;
+
+    ric_list_push_front(&s->list, &c->link);
+    if (++s->n < s->max) {
+        return;
+    }
+    /* full: idle keep-alive clients make room for waiting ones (and
+     * answers close their connections until there is room again) */
+    for (l = s->list.head; l && reclaimed < RECLAIM_AT_ONCE; l = next) {
+        next = l->next;
+        if (l != &c->link) {
+            reclaimed += ric_conn_reclaim(ric_list_entry(l, ric_conn_t, link));
+        }
+    }
+    if (s->n >= s->max && !s->draining) {
+        ric_log_error(RIC_LOG_WARN, 0, "%lld worker_connections are not enough",
+                      (long long) s->max);
+        s->room(s->ctx, 0);
+    }
+}
+
+static void
+set_remove(ric_conn_set_t *s, ric_conn_t *c)
+{
+    ric_list_remove(&s->list, &c->link);
+    s->n--;
+    if (s->draining) {
+        if (s->n == 0) {
+            s->emptied(s->ctx);
+        }
+    } else if (s->n < s->max) {
+        s->room(s->ctx, 1);
+    }
+}
+
+void
+ric_conn_set_drain(ric_conn_set_t *s)
+{
+    ric_link_t *l, *next;
+
+    s->draining = 1;
+    for (l = s->list.head; l; l = next) {
+        next = l->next;
+        ric_conn_shutdown(ric_list_entry(l, ric_conn_t, link));
+    }
+}
+
+void
+ric_conn_set_close_all(ric_conn_set_t *s)
+{
+    ric_conn_t *c;
+
+    s->draining = 1; /* closing the rest must not ask for room */
+    while ((c = ric_list_first(&s->list, ric_conn_t, link)) != NULL) {
+        ric_conn_stop(c);
+    }
+}
+
+/* --- a new connection ------------------------------------------------------- */
+
 int
 ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockaddr *sa,
                 socklen_t salen)
@@ -82,7 +150,7 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
         /* the first request must arrive within client_header_timeout */
         c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
     }
-    ric_worker_conn_opened(w, c);
+    set_add(&w->conns, c);
     ric_log_debug("accepted connection from %s on %s", c->peer, ls->text);
     if (c->state == RIC_CONN_HANDSHAKE) {
         /* its first step when the loop comes to it, in turn with the
@@ -129,7 +197,7 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
         event_free(c->wev);
         ric_io_close(&c->io);
     }
-    ric_worker_conn_closed(c->worker, c);
+    set_remove(&c->worker->conns, c);
     if (c->running == 0) {
         conn_free(c);
     }
@@ -421,7 +489,7 @@ ric_conn_keepalive(ric_conn_t *c)
      * clients waiting to be accepted get a place (nginx reuses idle
      * keep-alive connections the same way) */
     if (!c->close_after && c->msg.keep_alive && !c->worker->shutting_down
-        && c->worker->nconns < c->worker->conf->worker_connections
+        && c->worker->conns.n < c->worker->conns.max
         && c->settings->keepalive_timeout > 0
         && c->requests + 1 < c->settings->keepalive_requests
         && (c->msg.body == RIC_BODY_NONE || c->body_complete)) {

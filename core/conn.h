@@ -9,6 +9,26 @@
 
 #include <event2/event.h>
 
+/* A worker's open client connections, kept by conn.c. Past max, idle
+ * keep-alive ones are reclaimed to make room; the owner hears through
+ * room() when accepting must pause (0) or may go on (1), and, once the set
+ * drains (ric_conn_set_drain), through emptied() when the last one closed. */
+typedef struct {
+    ric_list_t list; /* ric_conn_t */
+    int64_t n, max;
+    int draining;
+    void (*room)(void *ctx, int room);
+    void (*emptied)(void *ctx);
+    void *ctx;
+} ric_conn_set_t;
+
+/* Drains the set: no more room() calls; every connection finishes what it
+ * is doing and closes (ric_conn_shutdown). */
+void ric_conn_set_drain(ric_conn_set_t *s);
+
+/* Closes every connection of the set now (ric_conn_stop). */
+void ric_conn_set_close_all(ric_conn_set_t *s);
+
 typedef enum {
     RIC_CONN_HANDSHAKE, /* listen ... ssl: the TLS handshake, before the first head */
     RIC_CONN_HEAD,    /* waiting for / reading a request head */

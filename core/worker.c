@@ -20,7 +20,6 @@ ric_worker_t *ric_worker;
  * a few at a time keeps the requests of connections already open from
  * waiting behind a burst of them */
 #define TLS_ACCEPTS_PER_WAKE 4
-#define RECLAIM_AT_ONCE 32 /* idle connections closed when the worker is full */
 
 static void
 accept_enable(ric_worker_t *w, int on)
@@ -67,43 +66,18 @@ on_accept(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-void
-ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c)
+static void
+accept_room(void *ctx, int room)
 {
-    ric_link_t *l, *next;
-    int reclaimed = 0;
-
-    ric_list_push_front(&w->conns, &c->link);
-    if (++w->nconns < w->conf->worker_connections) {
-        return;
-    }
-    /* full: idle keep-alive clients make room for waiting ones (and
-     * answers close their connections until there is room again) */
-    for (l = w->conns.head; l && reclaimed < RECLAIM_AT_ONCE; l = next) {
-        next = l->next;
-        if (l != &c->link) {
-            reclaimed += ric_conn_reclaim(ric_list_entry(l, ric_conn_t, link));
-        }
-    }
-    if (w->nconns >= w->conf->worker_connections) {
-        ric_log_error(RIC_LOG_WARN, 0, "%lld worker_connections are not enough",
-                      (long long) w->conf->worker_connections);
-        accept_enable(w, 0);
-    }
+    accept_enable(ctx, room);
 }
 
-void
-ric_worker_conn_closed(ric_worker_t *w, ric_conn_t *c)
+static void
+all_closed(void *ctx)
 {
-    ric_list_remove(&w->conns, &c->link);
-    w->nconns--;
-    if (w->shutting_down) {
-        if (w->nconns == 0) {
-            event_base_loopbreak(w->base);
-        }
-    } else if (w->nconns < w->conf->worker_connections) {
-        accept_enable(w, 1);
-    }
+    ric_worker_t *w = ctx;
+
+    event_base_loopbreak(w->base);
 }
 
 const char *
@@ -124,7 +98,6 @@ ric_worker_date(ric_worker_t *w)
 static void
 begin_graceful_shutdown(ric_worker_t *w)
 {
-    ric_link_t *l, *next;
     struct timeval tv;
     size_t i;
 
@@ -137,11 +110,8 @@ begin_graceful_shutdown(ric_worker_t *w)
     for (i = 0; i < w->naccept; i++) {
         close(event_get_fd(w->accept_events[i]));
     }
-    for (l = w->conns.head; l; l = next) {
-        next = l->next;
-        ric_conn_shutdown(ric_list_entry(l, ric_conn_t, link));
-    }
-    if (w->nconns == 0) {
+    ric_conn_set_drain(&w->conns);
+    if (w->conns.n == 0) {
         event_base_loopbreak(w->base);
         return;
     }
@@ -157,7 +127,7 @@ on_shutdown_timeout(evutil_socket_t fd, short what, void *arg)
     (void) fd;
     (void) what;
     ric_log_error(RIC_LOG_WARN, 0, "worker_shutdown_timeout: closing %lld connections",
-                  (long long) w->nconns);
+                  (long long) w->conns.n);
     event_base_loopbreak(w->base);
 }
 
@@ -189,7 +159,6 @@ ric_worker_run(ric_conf_t *conf)
     static const int sigs[] = { SIGTERM, SIGINT, SIGQUIT, SIGUSR1 };
     ric_worker_t *w = ric_xcalloc(1, sizeof(*w));
     ric_listener_t *ls;
-    ric_conn_t *c;
     sigset_t blocked;
     size_t i, n = 0;
 
@@ -213,6 +182,10 @@ ric_worker_run(ric_conf_t *conf)
         event_add(w->signals[i], NULL);
     }
     w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
+    w->conns.max = conf->worker_connections;
+    w->conns.room = accept_room;
+    w->conns.emptied = all_closed;
+    w->conns.ctx = w;
     w->upstreams = ric_upstream_init_all(conf, w->base);
     if (conf->http != NULL) {
         /* after fork: LMDB environments and Redis connections are per process */
@@ -230,9 +203,7 @@ ric_worker_run(ric_conf_t *conf)
     sigaddset(&blocked, SIGQUIT);
     sigprocmask(SIG_BLOCK, &blocked, NULL);
     w->shutting_down = 1; /* closing the rest must not re-enable accepting */
-    while ((c = ric_list_first(&w->conns, ric_conn_t, link)) != NULL) {
-        ric_conn_stop(c);
-    }
+    ric_conn_set_close_all(&w->conns);
     /* a store may run the loop a moment to land its last writes: nothing
      * else may start meanwhile */
     accept_enable(w, 0);

@@ -4,6 +4,7 @@
 
 #include "ric_core.h"
 #include "conf.h"
+#include "conn.h"
 #include "upstream.h"
 
 #include <event2/event.h>
@@ -17,9 +18,8 @@ struct ric_worker_s {
     int shutting_down; /* graceful: finish in-flight requests, then exit */
     struct event *shutdown_timer;
     struct event *signals[5];
-    ric_list_t conns;  /* every open client connection (ric_conn_t) */
+    ric_conn_set_t conns; /* every open client connection (conn.c keeps it) */
     ric_upstream_t *upstreams; /* indexed by ric_upstream_conf_t.index */
-    int64_t nconns;
     char date[40]; /* "Date" field value, refreshed once a second */
     time_t date_sec;
 };
@@ -30,10 +30,6 @@ extern ric_worker_t *ric_worker;
 /* Runs the worker loop on conf's listeners until told to stop; returns the
  * process exit code. Called in the child right after fork. */
 int ric_worker_run(ric_conf_t *conf);
-
-/* A connection opened/closed: keeps the count and the accept switch right. */
-void ric_worker_conn_opened(ric_worker_t *w, ric_conn_t *c);
-void ric_worker_conn_closed(ric_worker_t *w, ric_conn_t *c);
 
 /* The current "Date" value (IMF-fixdate), cached per second. */
 const char *ric_worker_date(ric_worker_t *w);
