@@ -777,9 +777,7 @@ ric_conn_reclaim(ric_conn_t *c)
         return 0;
     }
     if (!ric_io_alive(&c->io)) {
-        if (ric_io_pending(&c->io)) {
-            event_active(c->rev, EV_READ, 0); /* the look took a request off the socket */
-        }
+        ric_io_kick(&c->io, c->rev); /* the look may have taken a request off the socket */
         return 0;
     }
     ric_conn_close(c);

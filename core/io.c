@@ -225,7 +225,15 @@ ric_io_arm(ric_io_t *io, struct event *ev, const struct timeval *tv)
     if (tv == NULL) {
         event_remove_timer(ev);
     }
-    if ((event_get_events(ev) & EV_READ) && ric_io_pending(io)) {
+    if (event_get_events(ev) & EV_READ) {
+        ric_io_kick(io, ev);
+    }
+}
+
+void
+ric_io_kick(ric_io_t *io, struct event *ev)
+{
+    if (ric_io_pending(io)) {
         event_active(ev, EV_READ, 0); /* the rest of a TLS record: no event would come */
     }
 }

@@ -96,6 +96,10 @@ struct event;
  * the socket no longer signals (ric_io_pending). */
 void ric_io_arm(ric_io_t *io, struct event *ev, const struct timeval *tv);
 
+/* Fires the read event ev at once when io holds bytes the socket no longer
+ * signals (after a look at the socket took them in); its timer stays. */
+void ric_io_kick(ric_io_t *io, struct event *ev);
+
 /* A listening socket bound to sa (non-blocking, SO_REUSEADDR, IPv6 only for
  * an IPv6 address): its fd, or -1 with errno set and *what the call that
  * failed ("socket", "bind", "listen"). The master's, kept across workers. */
