@@ -94,13 +94,14 @@ own_body(const ric_request_t *r, char *buf, size_t size)
 }
 
 /* The gateway's own answer's fields: its Server and Date, the answer's
- * own (ric_respond_own_fields), the length; with on_response's edits. */
+ * own (ric_respond_own_fields), the length of its body; with
+ * on_response's edits. */
 static void
-own_head(ric_request_t *r)
+own_head(ric_request_t *r, size_t body_len)
 {
     static const ric_str_t server = ric_string("Server");
     ric_conn_t *c = r->c;
-    char line[64], buf[128];
+    char line[64];
     int n;
     ric_str_t rest = ric_respond_own_fields(r), name, value;
 
@@ -116,8 +117,7 @@ own_head(ric_request_t *r)
         date(c);
     }
     if (r->status != 204 && r->status != 304) {
-        n = snprintf(line, sizeof(line), "Content-Length: %zu\r\n",
-                     own_body(r, buf, sizeof(buf)).len);
+        n = snprintf(line, sizeof(line), "Content-Length: %zu\r\n", body_len);
         ric_conn_head_append(c, line, (size_t) n);
     }
     connection(r);
@@ -163,7 +163,7 @@ head(ric_request_t *r)
     char line[64], buf[128];
     size_t from;
     int n, keep;
-    ric_str_t b;
+    ric_str_t b = ric_null_string;
 
     r->status = h ? h->resp.status : r->status;
     keep = ric_script_on_response(r);
@@ -183,14 +183,14 @@ head(ric_request_t *r)
     if (h != NULL) {
         upstream_head(r);
     } else {
-        own_head(r);
+        b = own_body(r, buf, sizeof(buf));
+        own_head(r, b.len);
     }
     if (keep) {
         r->answer_fields = ric_conn_head_since(c, from, r->pool);
     }
     ric_conn_head_append(c, "\r\n", 2);
     if (h == NULL && !(r->msg->method == RIC_HTTP_HEAD && r->msg->head_len > 0)) {
-        b = own_body(r, buf, sizeof(buf));
         ric_conn_head_append(c, b.data, b.len);
     }
 }

@@ -11,15 +11,7 @@ local function ctx(gw, extra)
 end
 
 -- Access log entries (decoded), in order.
-local function access_entries(gw)
-    local out = {}
-    local data = H.read_file(gw.prefix .. "/logs/access.log") or ""
-    for line in data:gmatch("([^\n]+)\n") do
-        local ok, e = pcall(json.decode, line)
-        if ok and type(e) == "table" then out[#out + 1] = e end
-    end
-    return out
-end
+local access_entries = H.access_entries
 
 -- Requests served per worker pid, counting entries whose path starts with prefix.
 local function by_worker(gw, prefix)

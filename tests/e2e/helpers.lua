@@ -159,6 +159,7 @@ local function rm_rf(path)
         os.execute("rm -rf " .. shell_quote(path))
     end
 end
+H.rm_rf = rm_rf
 
 local function build_env(overrides)
     if not overrides then return C.environ end
@@ -1246,6 +1247,17 @@ function Redis:command(...)
     end
     s:close()
     return reply
+end
+
+-- The gateway's access log as decoded entries, whole lines only (a line being written is left for the
+-- next look); with path, only the entries of requests to it.
+function H.access_entries(gw, path)
+    local out = {}
+    for line in (H.read_file(gw.prefix .. "/logs/access.log") or ""):gmatch("([^\n]+)\n") do
+        local ok, e = pcall(H.json.decode, line)
+        if ok and type(e) == "table" and (path == nil or e.path == path) then out[#out + 1] = e end
+    end
+    return out
 end
 
 return H

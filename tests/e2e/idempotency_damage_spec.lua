@@ -85,14 +85,7 @@ local function offsets_of(haystack, needle)
 end
 
 -- The access log's entries (decoded) for a path.
-local function access_entries(gw, path)
-    local out = {}
-    for line in (H.read_file(gw.prefix .. "/logs/access.log") or ""):gmatch("([^\n]+)\n") do
-        local ok, e = pcall(H.json.decode, line)
-        if ok and type(e) == "table" and e.path == path then out[#out + 1] = e end
-    end
-    return out
-end
+local access_entries = H.access_entries
 
 local function render(vars)
     return (CONF:gsub("{{([%w_]+)}}", function(name)

@@ -12,13 +12,7 @@ end
 
 local hit_values = H.hit_values
 
-local function access_lines(gw)
-    local out = {}
-    for line in (H.read_file(gw.prefix .. "/logs/access.log") or ""):gmatch("([^\n]+)\n") do
-        out[#out + 1] = json.decode(line)
-    end
-    return out
-end
+local access_lines = H.access_entries
 
 -- Reads from conn until the peer closes (FIN: "closed", RST: "reset") or `seconds` pass.
 local function read_to_close(conn, seconds)

@@ -4,7 +4,6 @@
 -- PID) and its memory back near where it was; the real binary, one worker, the fault upstream.
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
-local lfs = require("lfs")
 
 local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
@@ -79,9 +78,7 @@ http {
 }
 ]]
 
-local sdir = os.tmpname()
-os.remove(sdir)
-assert(lfs.mkdir(sdir))
+local sdir = H.mkdtemp("bounds")
 
 local function rss_kb(pid)
     local f = io.open("/proc/" .. pid .. "/status", "r")
@@ -107,7 +104,7 @@ describe("a hostile route script", function()
     teardown(function()
         if gw then gw:stop() end
         if up then up:stop() end
-        os.execute("rm -rf " .. H.shell_quote(sdir))
+        H.rm_rf(sdir)
     end)
 
     before_each(function() up:reset() end)
@@ -188,7 +185,8 @@ end)
 describe("a refused allocation caught with pcall", function()
     it("still stops the call: the hook does not go on", function()
         local up = H.start_upstream()
-        local script = sdir .. "-caught.lua"
+        local dir = H.mkdtemp("caught")
+        local script = dir .. "/caught.lua"
         H.write_file(script, [=[
 return { on_request = function(req)
     local ok, e = pcall(function() local s = ("x"):rep(16000000) for _ = 1, 6 do s = s .. s end return s end)
@@ -205,7 +203,7 @@ end }
         end)
         gw:stop()
         up:stop()
-        os.remove(script)
+        H.rm_rf(dir)
         assert(ok, err)
     end)
 end)
@@ -213,8 +211,7 @@ end)
 describe("a state made again", function()
     it("runs the text its script had at start, not the file as edited since", function()
         local up = H.start_upstream()
-        local dir = sdir .. "-edit"
-        assert(lfs.mkdir(dir))
+        local dir = H.mkdtemp("edit")
         H.write_file(dir .. "/hostile.lua", HOSTILE)
         H.write_file(dir .. "/tag.lua", 'return "yes"\n')
         local gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = dir .. "/hostile.lua" } })
@@ -234,20 +231,20 @@ describe("a state made again", function()
         end)
         gw:stop()
         up:stop()
-        os.execute("rm -rf " .. H.shell_quote(dir))
+        H.rm_rf(dir)
         assert(ok, err)
     end)
 end)
 
 describe("a main chunk that runs away", function()
     it("is stopped at -t with FILE:LINE, not hung", function()
-        H.write_file(sdir .. "-main.lua", LOOPING_MAIN)
-        local conf = sdir .. "-main.conf"
-        H.write_file(conf, "http { server { listen 127.0.0.1:1; location / { script " .. sdir
-            .. "-main.lua; proxy_pass http://127.0.0.1:2; } } }\n")
+        local dir = H.mkdtemp("main")
+        H.write_file(dir .. "/main.lua", LOOPING_MAIN)
+        local conf = dir .. "/main.conf"
+        H.write_file(conf, "http { server { listen 127.0.0.1:1; location / { script " .. dir
+            .. "/main.lua; proxy_pass http://127.0.0.1:2; } } }\n")
         local code, out = H.run({ H.bin(), "-t", "-c", conf }, { timeout = 20 })
-        os.remove(sdir .. "-main.lua")
-        os.remove(conf)
+        H.rm_rf(dir)
         assert.equal(1, code, out)
         assert.truthy(out:find("stopped: it ran longer than a hook may", 1, true), out)
         assert.truthy(out:find(conf .. ":1:", 1, true), out)

@@ -4,7 +4,6 @@
 -- must not change; the real binary, one worker, so both scripts live in one Lua state.
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
-local lfs = require("lfs")
 
 local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
@@ -154,9 +153,7 @@ http {
 }
 ]]
 
-local sdir = os.tmpname()
-os.remove(sdir)
-assert(lfs.mkdir(sdir))
+local sdir = H.mkdtemp("isolation")
 
 describe("two route scripts in one worker", function()
     local up, gw
@@ -180,7 +177,7 @@ describe("two route scripts in one worker", function()
     teardown(function()
         if gw then gw:stop() end
         if up then up:stop() end
-        os.execute("rm -rf " .. H.shell_quote(sdir))
+        H.rm_rf(sdir)
     end)
 
     before_each(function() up:reset() end)
@@ -255,19 +252,19 @@ describe("two route scripts in one worker", function()
         end
         assert.equal(12, n, ctx(gw))
         -- and ctx:set put the tenant in each request's own access log line, under "script"
-        local f = assert(io.open(gw.prefix .. "/logs/access.log", "r"))
-        local lines = f:read("*a")
-        f:close()
-        local logged = 0
-        for line in lines:gmatch("[^\n]+") do
-            local e = H.json.decode(line)
-            if e.path and e.path:match("^/c/") then
-                logged = logged + 1
-                assert.same({ tenant = e.path:match("^/c/(%a)%-"), attempts = 1, cached = true,
-                    bad_name_refused = true, table_refused = true }, e.script, line)
+        local entries = {}
+        H.wait_until(function() -- a line is written as its request ends, a moment after the answer
+            entries = {}
+            for _, e in ipairs(H.access_entries(gw)) do
+                if e.path and e.path:match("^/c/") then entries[#entries + 1] = e end
             end
+            return #entries >= 12
+        end, 5)
+        for _, e in ipairs(entries) do
+            assert.same({ tenant = e.path:match("^/c/(%a)%-"), attempts = 1, cached = true,
+                bad_name_refused = true, table_refused = true }, e.script, H.json.encode(e))
         end
-        assert.equal(12, logged, lines)
+        assert.equal(12, #entries, H.json.encode(entries))
     end)
 
     it("tells the author when a script's key lacks the route's key contract", function()
@@ -277,11 +274,15 @@ describe("two route scripts in one worker", function()
             assert.equal(503, r.status)
         end
         assert.equal(2, #up:hits(), ctx(gw, "a POST without the key contract was retried"))
-        local f = assert(io.open(gw.prefix .. "/logs/access.log", "r"))
-        local lines = f:read("*a")
-        f:close()
-        local _, reasons = lines:gsub('"path":"/k/pay"[^\n]*"not_retried":"key_without_contract"', "")
-        assert.equal(2, reasons, lines)
+        local reasons = 0
+        H.wait_until(function()
+            reasons = 0
+            for _, e in ipairs(H.access_entries(gw, "/k/pay")) do
+                if e.not_retried == "key_without_contract" then reasons = reasons + 1 end
+            end
+            return reasons >= 2
+        end, 5)
+        assert.equal(2, reasons, H.json.encode(H.access_entries(gw, "/k/pay")))
         local _, warnings = gw:log():gsub('has no idempotency_key on|auto, so its unsafe requests are not retried: '
             .. 'add "idempotency_key on;"', "")
         assert.equal(1, warnings, ctx(gw, "the warning is said once"))
@@ -299,10 +300,9 @@ describe("two route scripts in one worker", function()
         local id = H.hit_values(hit, "X-Id")[1]
         assert.truthy(id and id:match("^%x+$") and #id == 32, tostring(id))
         local found = H.wait_until(function()
-            local f = io.open(gw.prefix .. "/logs/access.log", "r")
-            local text = f and f:read("*a") or ""
-            if f then f:close() end
-            return text:find('"id":"' .. id .. '"', 1, true) ~= nil
+            for _, e in ipairs(H.access_entries(gw)) do
+                if e.id == id then return true end
+            end
         end, 5)
         assert.truthy(found, "no access log line with id " .. id)
     end)
@@ -333,13 +333,8 @@ describe("two route scripts in one worker", function()
         assert.is_nil(r.headers["x-upstream-only"])
         -- on_log sees the fields as the client got them
         local logged = H.wait_until(function()
-            local f = io.open(gw.prefix .. "/logs/access.log", "r")
-            local text = f and f:read("*a") or ""
-            if f then f:close() end
-            for line in text:gmatch("[^\n]+") do
-                local e = H.json.decode(line)
-                if e.path == "/r/x" then return e.script end
-            end
+            local e = H.access_entries(gw, "/r/x")[1]
+            return e and e.script
         end, 5)
         assert.same({ served_by = "ricochet", upstream_only = "nil", keep = "1", status = 201 }, logged)
         -- a hook that tries a framing field fails: the answer goes as the upstream sent it

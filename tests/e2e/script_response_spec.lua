@@ -4,7 +4,6 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local I = require("idem_helpers")
-local lfs = require("lfs")
 
 local SCRIPT = [[
 local route = {}
@@ -82,15 +81,8 @@ end
 -- The "script" object of the access log line of the request to path (the last one).
 local function logged(gw, path)
     return H.wait_until(function()
-        local f = io.open(gw.prefix .. "/logs/access.log", "r")
-        local text = f and f:read("*a") or ""
-        if f then f:close() end
-        local found
-        for line in text:gmatch("[^\n]+") do
-            local e = H.json.decode(line)
-            if e.path == path then found = e.script end
-        end
-        return found
+        local entries = H.access_entries(gw, path)
+        return entries[#entries] and entries[#entries].script
     end, 5)
 end
 
@@ -99,9 +91,7 @@ describe("on_response on every answer", function()
 
     setup(function()
         up = H.start_upstream()
-        dir = os.tmpname()
-        os.remove(dir)
-        assert(lfs.mkdir(dir))
+        dir = H.mkdtemp("response")
         H.write_file(dir .. "/script.lua", SCRIPT)
         H.write_file(dir .. "/never.lua", NEVER)
         H.write_file(dir .. "/keeper.lua", KEEPER)
@@ -112,7 +102,7 @@ describe("on_response on every answer", function()
     teardown(function()
         if gw then gw:stop() end
         if up then up:stop() end
-        os.execute("rm -rf '" .. dir .. "'")
+        H.rm_rf(dir)
     end)
 
     it("edits the upstream's answer, as before", function()

@@ -3,7 +3,6 @@
 -- binary, two workers, the fault upstream.
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
-local lfs = require("lfs")
 
 local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
@@ -54,9 +53,7 @@ http {
 }
 ]]
 
-local sdir = os.tmpname()
-os.remove(sdir)
-assert(lfs.mkdir(sdir))
+local sdir = H.mkdtemp("shared")
 
 describe("lua_shared_dict", function()
     local up, gw
@@ -70,7 +67,7 @@ describe("lua_shared_dict", function()
     teardown(function()
         if gw then gw:stop() end
         if up then up:stop() end
-        os.execute("rm -rf " .. H.shell_quote(sdir))
+        H.rm_rf(sdir)
     end)
 
     it("counts exactly across two workers under concurrent requests", function()
