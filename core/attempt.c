@@ -7,7 +7,6 @@
 #include "respond.h"
 #include "retry_after.h"
 #include "upstream_request.h"
-#include "worker.h"
 
 #include <errno.h>
 #include <time.h>
@@ -17,6 +16,8 @@
 static void attempt_start(ric_request_t *r);
 static void record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status);
 static void attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what);
+static void attempts_end(ric_request_t *r, ric_attempt_t *answer, int status,
+                         ric_retry_reason_t why, const char *cut);
 
 /* --- the client's callbacks ------------------------------------------------ */
 
@@ -178,7 +179,7 @@ attempt_free(ric_attempt_t *u)
 static void
 wait_stop(ric_request_t *r)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
     a->waiting = 0;
     event_del(&a->wait_timer);
@@ -188,7 +189,7 @@ wait_stop(ric_request_t *r)
 static void
 wait_start(ric_request_t *r, int64_t ms)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
     struct timeval tv = ric_ms_to_tv(ms);
 
     event_add(&a->wait_timer, &tv);
@@ -200,11 +201,11 @@ static void
 attempts_cleanup(void *data)
 {
     ric_request_t *r = data;
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
-    if ((r->end == RIC_END_CLIENT_GONE || r->end == RIC_END_SHUTDOWN) && a->current != NULL) {
-        /* the attempt under way */
-        record_attempt(r, a->current, r->end == RIC_END_SHUTDOWN ? "shutdown" : "client_closed", 0);
+    if (r->end == RIC_END_CLIENT_GONE || r->end == RIC_END_SHUTDOWN) {
+        attempts_end(r, NULL, 0, RIC_RETRY_YES,
+                     r->end == RIC_END_SHUTDOWN ? "shutdown" : "client_closed");
     }
     /* a retry paid for whose outcome nobody will know: its token goes back */
     if (a->current != NULL && a->current->paid > 0) {
@@ -234,7 +235,7 @@ cancel_wait(ric_async_t *async)
 {
     ric_request_t *r = async->data;
 
-    event_del(&r->attempts.wait_timer);
+    event_del(&r->attempts->wait_timer);
 }
 
 static void
@@ -264,7 +265,7 @@ on_try_timeout(evutil_socket_t fd, short what, void *arg)
 static void
 attempt_start(ric_request_t *r)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
     const ric_http_settings_t *s = r->settings;
     ric_attempt_t *u;
     ric_peer_t *peer;
@@ -290,7 +291,7 @@ attempt_start(ric_request_t *r)
     u->client.connect_timeout = s->proxy_connect_timeout;
     u->client.send_timeout = s->proxy_send_timeout;
     u->client.read_timeout = s->proxy_read_timeout;
-    evtimer_assign(&u->try_timer, r->c->worker->base, on_try_timeout, u);
+    evtimer_assign(&u->try_timer, r->c->base, on_try_timeout, u);
     if (r->body_mode != RIC_REQ_BODY_STREAM) {
         arm_try_timer(u); /* a streamed body's clock starts when it has been sent */
     }
@@ -319,7 +320,7 @@ attempt_start(ric_request_t *r)
 static int
 budget_gate(ric_request_t *r, int64_t now)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
     int64_t poll, ms;
     int may_probe;
 
@@ -361,10 +362,10 @@ budget_gate(ric_request_t *r, int64_t now)
 static void
 next_attempt(ric_request_t *r)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
     if (a->stop != RIC_RETRY_YES) {
-        ric_attempts_give_up(r, a->fail_status, a->stop);
+        attempts_end(r, NULL, a->fail_status, a->stop, NULL);
         return;
     }
     attempt_start(r);
@@ -374,7 +375,7 @@ static void
 on_wait_done(evutil_socket_t fd, short what, void *arg)
 {
     ric_request_t *r = arg;
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
     int64_t grace, now = ric_now_ms();
 
     (void) fd;
@@ -383,7 +384,7 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
     if ((a->waiting || a->count == 0) && now >= r->deadline_ms) {
         /* a client that allowed no time at all gets its 504 without
          * bothering the upstream */
-        ric_attempts_give_up(r, 504, RIC_RETRY_DEADLINE);
+        attempts_end(r, NULL, 504, RIC_RETRY_DEADLINE, NULL);
         return;
     }
     if (budget_gate(r, now) != RIC_OK) {
@@ -407,7 +408,7 @@ static void
 drain_over(ric_attempt_t *u, int whole)
 {
     ric_request_t *r = u->r;
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
     a->draining = NULL;
     if (whole) {
@@ -480,7 +481,7 @@ static void
 deliver(ric_attempt_t *u)
 {
     ric_request_t *r = u->r;
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
     if (a->current == u) {
         a->current = NULL;
@@ -497,14 +498,41 @@ deliver(ric_attempt_t *u)
     ric_request_resume(r);
 }
 
-void
-ric_attempts_give_up(ric_request_t *r, int status, ric_retry_reason_t why)
+/* The one end of the attempts, whatever ends them: the decision, the
+ * budget, the deadline at the end of a wait, a worker stopping, the
+ * client's body breaking, the client leaving. The attempt still under way
+ * is recorded as `cut` (nothing is said of its server's health: the fault
+ * is not the server's). why, unless it is "retry" or final_status, is the
+ * request's not-retried reason: set here and nowhere else. The answer is
+ * answer's response, else the last whole one kept, else the gateway's own
+ * status; status 0: no answer from here (the request gives its own, or
+ * has ended). */
+static void
+attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reason_t why,
+             const char *cut)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
     ric_attempt_t *kept = a->kept;
 
+    if (a->current != NULL && a->current != answer && cut != NULL) {
+        record_attempt(r, a->current, cut, 0);
+    }
     wait_stop(r);
-    r->not_retried = why;
+    if (why != RIC_RETRY_YES && why != RIC_RETRY_FINAL_STATUS) {
+        r->not_retried = why;
+    }
+    if (status == 0 && answer == NULL) {
+        return;
+    }
+    if (answer != NULL) {
+        if (answer->number > 1 || why != RIC_RETRY_FINAL_STATUS) {
+            ric_log_error(RIC_LOG_INFO, 0, "passing on %d from upstream after %d attempt%s (%s), "
+                          "client: %s", answer->client.resp.status, answer->number,
+                          answer->number > 1 ? "s" : "", ric_retry_reason_name(why), r->c->peer);
+        }
+        deliver(answer);
+        return;
+    }
     if (a->count > 0) {
         ric_log_error(RIC_LOG_INFO, 0, "giving up after %d attempt%s (%s), client: %s", a->count,
                       a->count > 1 ? "s" : "", ric_retry_reason_name(why), r->c->peer);
@@ -541,7 +569,7 @@ static void
 attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
 {
     ric_request_t *r = u->r;
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
     ric_http1_t *h = &u->client;
     ric_retry_input_t in;
     ric_retry_decision_t d;
@@ -646,22 +674,13 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         return;
     }
 
+    a->current = NULL;
     if (class == RIC_CLASS_STATUS) {
-        if (u->number > 1 || d.reason != RIC_RETRY_FINAL_STATUS) {
-            ric_log_error(RIC_LOG_INFO, 0, "passing on %d from upstream after %d attempt%s (%s), "
-                          "client: %s", status, u->number, u->number > 1 ? "s" : "",
-                          ric_retry_reason_name(d.reason), r->c->peer);
-        }
-        if (d.reason != RIC_RETRY_FINAL_STATUS) {
-            r->not_retried = d.reason;
-        }
-        deliver(u);
+        attempts_end(r, u, 0, d.reason, NULL);
         return;
     }
-    status = failure_status(class, err, tls_failed);
-    a->current = NULL;
     attempt_free(u);
-    ric_attempts_give_up(r, status, d.reason);
+    attempts_end(r, NULL, failure_status(class, err, tls_failed), d.reason, NULL);
 }
 
 /* --- the phase ------------------------------------------------------------- */
@@ -669,15 +688,15 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
 int
 ric_attempts_phase(ric_request_t *r)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
     if (r->up == NULL) {
         return ric_request_answer(r, 404, 0); /* the route does not proxy */
     }
-    if (!a->started) {
-        a->started = 1;
+    if (a == NULL) {
+        a = r->attempts = ric_pcalloc(r->pool, sizeof(*a));
         setup(r);
-        evtimer_assign(&a->wait_timer, r->c->worker->base, on_wait_done, r);
+        evtimer_assign(&a->wait_timer, r->c->base, on_wait_done, r);
         a->wait_async.cancel = cancel_wait;
         a->wait_async.data = r;
         ric_request_cleanup_add(r, attempts_cleanup, r);
@@ -697,29 +716,29 @@ ric_attempts_phase(ric_request_t *r)
 void
 ric_attempts_upload_kick(ric_request_t *r)
 {
-    if (r->attempts.current != NULL) {
-        ric_http1_upload_kick(&r->attempts.current->client);
+    if (r->attempts != NULL && r->attempts->current != NULL) {
+        ric_http1_upload_kick(&r->attempts->current->client);
     }
 }
 
 void
 ric_attempts_stop(ric_request_t *r)
 {
-    if (r->attempts.current != NULL) {
-        /* the client's streamed body broke under it: logged, and no word on
-         * the server's health (its fault is not the server's) */
-        record_attempt(r, r->attempts.current, "client_body", 0);
+    if (r->attempts == NULL) {
+        return;
     }
+    /* the request answers with the body's status */
+    attempts_end(r, NULL, 0, RIC_RETRY_YES, "client_body");
     attempts_cleanup(r);
 }
 
 void
 ric_attempts_shutdown(ric_request_t *r, int64_t deadline_ms)
 {
-    ric_attempts_t *a = &r->attempts;
+    ric_attempts_t *a = r->attempts;
 
     r->deadline_ms = ric_min(r->deadline_ms, deadline_ms);
-    if (a->waiting && a->wait_until_ms >= r->deadline_ms) {
-        ric_attempts_give_up(r, 502, RIC_RETRY_SHUTDOWN);
+    if (a != NULL && a->waiting && a->wait_until_ms >= r->deadline_ms) {
+        attempts_end(r, NULL, 502, RIC_RETRY_SHUTDOWN, NULL);
     }
 }

@@ -22,9 +22,9 @@ struct ric_attempt_s {
     int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
 };
 
-/* The attempts phase's state, kept in the request across tries. */
-typedef struct {
-    int started;
+/* The attempts phase's state, kept in the request across tries (made
+ * when the phase first runs). */
+typedef struct ric_attempts_s {
     int count;                /* attempts started */
     ric_attempt_t *current;   /* NULL while waiting */
     ric_attempt_t *kept;      /* the last whole response dropped for a retry */
@@ -44,7 +44,7 @@ typedef struct {
     int fail_status;          /* the gateway's answer if the budget refuses it */
 } ric_attempts_t;
 
-/* The phase (request.c's table): sets up the retry policy and the
+/* The phase (pipeline.c's table): sets up the retry policy and the
  * deadline, then runs attempts until an answer is chosen. */
 int ric_attempts_phase(ric_request_t *r);
 
@@ -53,10 +53,6 @@ void ric_attempts_upload_kick(ric_request_t *r);
 
 /* The upload broke (the client's body): no attempt follows. */
 void ric_attempts_stop(ric_request_t *r);
-
-/* No further attempt (why): the response kept from an earlier one is the
- * answer, else the gateway's own status. */
-void ric_attempts_give_up(ric_request_t *r, int status, ric_retry_reason_t why);
 
 /* The worker stops gracefully: no attempt starts after deadline_ms, and a
  * wait past it ends now with the answer at hand. */

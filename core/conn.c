@@ -1,10 +1,8 @@
 /* conn.c: client connections: read requests and their bodies, write answers in order, keep-alive, timeouts, lingering close. */
 #include "conn.h"
 #include "log.h"
-#include "request.h"
 #include "tls.h"
 #include "tls_server.h"
-#include "worker.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -90,11 +88,12 @@ set_remove(ric_conn_set_t *s, ric_conn_t *c)
 }
 
 void
-ric_conn_set_drain(ric_conn_set_t *s)
+ric_conn_set_drain(ric_conn_set_t *s, int64_t drain_ms)
 {
     ric_link_t *l, *next;
 
     s->draining = 1;
+    s->drain_ms = drain_ms;
     for (l = s->list.head; l; l = next) {
         next = l->next;
         ric_conn_shutdown(ric_list_entry(l, ric_conn_t, link));
@@ -115,22 +114,23 @@ ric_conn_set_close_all(ric_conn_set_t *s)
 /* --- a new connection ------------------------------------------------------- */
 
 int
-ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockaddr *sa,
+ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sockaddr *sa,
                 socklen_t salen)
 {
     ric_conn_t *c = ric_xcalloc(1, sizeof(*c));
 
     (void) salen;
     ric_io_init_plain(&c->io, fd);
-    c->worker = w;
+    c->set = s;
+    c->base = s->base;
     c->listener = ls;
     c->state = RIC_CONN_HEAD;
     format_peer(c, sa);
     if (sa->sa_family != AF_UNIX) {
         ric_io_nodelay(&c->io);
     }
-    c->rev = event_new(w->base, fd, EV_READ | EV_PERSIST, on_read, c);
-    c->wev = event_new(w->base, fd, EV_WRITE, on_write, c);
+    c->rev = event_new(s->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    c->wev = event_new(s->base, fd, EV_WRITE, on_write, c);
     c->settings = &ls->default_server->settings;
     ric_http_msg_init(&c->msg);
     if (ls->ssl) {
@@ -150,7 +150,7 @@ ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockad
         /* the first request must arrive within client_header_timeout */
         c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
     }
-    set_add(&w->conns, c);
+    set_add(s, c);
     ric_log_debug("accepted connection from %s on %s", c->peer, ls->text);
     if (c->state == RIC_CONN_HANDSHAKE) {
         /* its first step when the loop comes to it, in turn with the
@@ -170,7 +170,7 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
         return;
     }
     if (c->r != NULL) {
-        if (end == RIC_END_CLIENT_GONE && !c->orphan && ric_request_outlive(c->r)) {
+        if (end == RIC_END_CLIENT_GONE && !c->orphan && c->set->handler->outlive(c->r)) {
             /* the socket goes now; the connection, which the request
              * reads its head from, when the request ends */
             c->orphan = 1;
@@ -180,14 +180,14 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
             ric_io_close(&c->io);
             /* an answer paused for a slow client waits for nobody now */
             c->running++;
-            ric_request_client_writable(c->r);
+            c->set->handler->writable(c->r);
             if (--c->running == 0 && c->closed) {
                 conn_free(c);
             }
             return;
         }
         /* the request's finalize comes back here with c->r cleared */
-        ric_request_finalize(c->r, end);
+        c->set->handler->gone(c->r, end);
         return;
     }
     ric_log_debug("closing connection from %s", c->peer);
@@ -197,7 +197,7 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
         event_free(c->wev);
         ric_io_close(&c->io);
     }
-    set_remove(&c->worker->conns, c);
+    set_remove(c->set, c);
     if (c->running == 0) {
         conn_free(c);
     }
@@ -312,7 +312,7 @@ body_sink(ric_conn_t *c, const u_char *data, size_t n)
     if (c->body_discard || n == 0) {
         return RIC_OK;
     }
-    rc = ric_request_body_data(c->r, data, n);
+    rc = c->set->handler->body_data(c->r, data, n);
     if (rc == RIC_AGAIN) {
         c->body_paused = 1;
     }
@@ -388,11 +388,11 @@ body_step(ric_conn_t *c)
         c->body_reading = 0;
         c->body_complete = 1;
         read_without_timeout(c);
-        ric_request_body_done(c->r);
+        c->set->handler->body_done(c->r);
         return;
     case RIC_ERROR:
         c->body_reading = 0;
-        ric_request_body_failed(c->r, c->body_error);
+        c->set->handler->body_failed(c->r, c->body_error);
         return;
     default:
         if (c->body_paused) {
@@ -488,8 +488,8 @@ ric_conn_keepalive(ric_conn_t *c)
     /* a worker with no room for another client closes after answers, so
      * clients waiting to be accepted get a place (nginx reuses idle
      * keep-alive connections the same way) */
-    if (!c->close_after && c->msg.keep_alive && !c->worker->shutting_down
-        && c->worker->conns.n < c->worker->conns.max
+    if (!c->close_after && c->msg.keep_alive && !c->set->draining
+        && c->set->n < c->set->max
         && c->settings->keepalive_timeout > 0
         && c->requests + 1 < c->settings->keepalive_requests
         && (c->msg.body == RIC_BODY_NONE || c->body_complete)) {
@@ -673,8 +673,8 @@ start_request(ric_conn_t *c, int error_status)
     /* until the answer is out nothing more is read but the body, when the
      * request asks, and an end of stream, which ends the request */
     read_without_timeout(c);
-    c->r = ric_request_create(c, error_status);
-    ric_request_run(c->r);
+    c->r = c->set->handler->begin(c->set->handler_ctx, c, error_status);
+    c->set->handler->run(c->r);
 }
 
 /* One step of a TLS client's handshake; done, the connection waits for
@@ -796,7 +796,7 @@ ric_conn_shutdown(ric_conn_t *c)
     }
     if (c->r != NULL) {
         /* leave room to write the answer before worker_shutdown_timeout */
-        ric_request_shutdown(c->r, ric_now_ms() + c->worker->conf->worker_shutdown_timeout * 9 / 10);
+        c->set->handler->shutdown(c->r, ric_now_ms() + c->set->drain_ms);
         return;
     }
     if (c->state != RIC_CONN_HEAD || c->in_len > 0) {
@@ -847,7 +847,7 @@ on_request_read(ric_conn_t *c, short what)
             ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while sending the request "
                           "body, client: %s", c->peer);
             c->body_reading = 0;
-            ric_request_body_failed(c->r, 408);
+            c->set->handler->body_failed(c->r, 408);
             return;
         }
         n = read_some(c);
@@ -955,7 +955,7 @@ on_write(evutil_socket_t fd, short what, void *arg)
                           "client: %s", c->peer);
             ric_conn_close(c);
         } else {
-            ric_request_client_writable(c->r);
+            c->set->handler->writable(c->r);
         }
     }
     c->running--;

@@ -9,26 +9,6 @@
 
 #include <event2/event.h>
 
-/* A worker's open client connections, kept by conn.c. Past max, idle
- * keep-alive ones are reclaimed to make room; the owner hears through
- * room() when accepting must pause (0) or may go on (1), and, once the set
- * drains (ric_conn_set_drain), through emptied() when the last one closed. */
-typedef struct {
-    ric_list_t list; /* ric_conn_t */
-    int64_t n, max;
-    int draining;
-    void (*room)(void *ctx, int room);
-    void (*emptied)(void *ctx);
-    void *ctx;
-} ric_conn_set_t;
-
-/* Drains the set: no more room() calls; every connection finishes what it
- * is doing and closes (ric_conn_shutdown). */
-void ric_conn_set_drain(ric_conn_set_t *s);
-
-/* Closes every connection of the set now (ric_conn_stop). */
-void ric_conn_set_close_all(ric_conn_set_t *s);
-
 typedef enum {
     RIC_CONN_HANDSHAKE, /* listen ... ssl: the TLS handshake, before the first head */
     RIC_CONN_HEAD,    /* waiting for / reading a request head */
@@ -44,9 +24,61 @@ typedef enum {
     RIC_END_SHUTDOWN     /* the worker stops with the request unanswered */
 } ric_request_end_t;
 
+/* What the layer above does with a connection's requests (request.c
+ * implements it; the connection knows nothing else of a request). */
+typedef struct {
+    /* A head was parsed in c->msg (error_status 0) or refused (400, 408,
+     * 414, 431, 501, 505): the request for it, never NULL; then run. */
+    ric_request_t *(*begin)(void *ctx, ric_conn_t *c, int error_status);
+    void (*run)(ric_request_t *r);
+    /* n more body bytes. RIC_OK; RIC_AGAIN: taken, but pause until
+     * ric_conn_body_read; RIC_ERROR: they could not be kept (500). */
+    int (*body_data)(ric_request_t *r, const u_char *data, size_t n);
+    /* The body ended / broke (400 bad chunk, 408, 413, 500). */
+    void (*body_done)(ric_request_t *r);
+    void (*body_failed)(ric_request_t *r, int status);
+    /* The client socket can take more of the answer. */
+    void (*writable)(ric_request_t *r);
+    /* The client left: 1 when the request goes on without it (its answer
+     * goes nowhere; ric_conn_request_done follows when it ends). */
+    int (*outlive)(ric_request_t *r);
+    /* The connection closes under the request (end: the client is gone,
+     * or the worker stops): it ends now, with ric_conn_request_done. */
+    void (*gone)(ric_request_t *r, ric_request_end_t end);
+    /* The worker stops gracefully: no attempt starts after deadline_ms. */
+    void (*shutdown)(ric_request_t *r, int64_t deadline_ms);
+} ric_conn_handler_t;
+
+/* A worker's open client connections, kept by conn.c. Past max, idle
+ * keep-alive ones are reclaimed to make room; the owner hears through
+ * room() when accepting must pause (0) or may go on (1), and, once the set
+ * drains (ric_conn_set_drain), through emptied() when the last one closed. */
+typedef struct {
+    ric_list_t list; /* ric_conn_t */
+    int64_t n, max;
+    int draining;
+    int64_t drain_ms;  /* a request under way must be answered within this
+                        * (a share of worker_shutdown_timeout) */
+    struct event_base *base;
+    const ric_conn_handler_t *handler; /* for every connection's requests */
+    void *handler_ctx;
+    void (*room)(void *ctx, int room);
+    void (*emptied)(void *ctx);
+    void *ctx;
+} ric_conn_set_t;
+
+/* Drains the set: no more room() calls; every connection finishes what it
+ * is doing and closes (ric_conn_shutdown); a request under way must be
+ * answered within drain_ms. */
+void ric_conn_set_drain(ric_conn_set_t *s, int64_t drain_ms);
+
+/* Closes every connection of the set now (ric_conn_stop). */
+void ric_conn_set_close_all(ric_conn_set_t *s);
+
 struct ric_conn_s {
     ric_io_t io;
-    ric_worker_t *worker;
+    ric_conn_set_t *set; /* the set it is in: its loop, its requests' handler */
+    struct event_base *base;
     ric_listener_t *listener;
     ric_conn_state_t state;
     struct event *rev;
@@ -92,12 +124,12 @@ struct ric_conn_s {
     int orphan;            /* the client left, its request goes on: no socket */
     int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
 
-    ric_link_t link;         /* in the worker's list */
+    ric_link_t link;         /* in its set */
 };
 
 /* Takes over an accepted, non-blocking socket. Returns RIC_OK, or RIC_ERROR
  * with the socket closed. */
-int ric_conn_accept(ric_worker_t *w, ric_listener_t *ls, int fd, const struct sockaddr *sa,
+int ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sockaddr *sa,
                     socklen_t salen);
 
 /* Closes the connection now (a request under way ends as client gone). */
@@ -140,20 +172,20 @@ ric_str_t ric_conn_head_since(const ric_conn_t *c, size_t from, ric_pool_t *pool
 
 /* Writes the rest of the head, then data[0, n). RIC_OK: all of it went
  * out. RIC_AGAIN: *taken bytes of data did (the rest waits for the
- * client; ric_request_client_writable follows, or the request ends as
+ * client; the handler's writable follows, or the request ends as
  * client gone after send_timeout). RIC_ERROR: the client is gone. */
 int ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken);
 
-/* Starts (or resumes, after ric_request_body_data said RIC_AGAIN) reading
- * the request body: bytes go to ric_request_body_data, then
- * ric_request_body_done or ric_request_body_failed. */
+/* Starts (or resumes, after the handler's body_data said RIC_AGAIN)
+ * reading the request body: bytes go to body_data, then body_done or
+ * body_failed. */
 void ric_conn_body_read(ric_conn_t *c);
 
 /* The rest of the body is not wanted: read and dropped, with no clock, so
  * that no 408 lands in the middle of the answer. */
 void ric_conn_body_discard(ric_conn_t *c);
 
-/* The request ended (request.c's finalize, its last step): the connection
+/* The request ended (its finalize's last step): the connection
  * goes on to the next request, or closes: after lingering (half-close,
  * drain, bounded in time) when unread input could reset it, at once when
  * the client is gone. Every close after an answer passes here. */

@@ -1,4 +1,4 @@
-/* headers.c: field lookups and the hop-by-hop rule, shared by the request sent upstream and the response sent back. */
+/* headers.c: field lookups and the one copy of a message's end-to-end fields (the hop-by-hop rule), shared by the request sent upstream and the response sent back. */
 #include "headers.h"
 
 int
@@ -78,25 +78,49 @@ list_has(ric_str_t v, ric_str_t name)
     return 0;
 }
 
-int
-ric_headers_hop_by_hop(const u_char *buf, const ric_http_msg_t *m, ric_str_t name)
+/* The names no proxy forwards, whatever the message says (RFC 9110 §7.6.1). */
+static int
+hop_by_hop_name(ric_str_t name)
 {
-    unsigned i;
+    return ric_str_eq_lower(name, "connection") || ric_str_eq_lower(name, "keep-alive")
+           || ric_str_eq_lower(name, "te") || ric_str_eq_lower(name, "trailer")
+           || ric_str_eq_lower(name, "upgrade") || ric_str_eq_lower(name, "proxy-connection")
+           || ric_str_eq_lower(name, "proxy-authenticate")
+           || ric_str_eq_lower(name, "proxy-authorization");
+}
 
-    if (ric_str_eq_lower(name, "connection") || ric_str_eq_lower(name, "keep-alive")
-        || ric_str_eq_lower(name, "te") || ric_str_eq_lower(name, "trailer")
-        || ric_str_eq_lower(name, "upgrade") || ric_str_eq_lower(name, "proxy-connection")
-        || ric_str_eq_lower(name, "proxy-authenticate")
-        || ric_str_eq_lower(name, "proxy-authorization")) {
-        return 1;
-    }
+void
+ric_headers_copy(const u_char *buf, const ric_http_msg_t *m,
+                 int (*skip)(void *ctx, ric_str_t name),
+                 void (*put)(void *ctx, const void *p, size_t n), void *ctx)
+{
+    unsigned i, j, conn[RIC_HTTP_MAX_FIELDS], nconn = 0;
+    ric_str_t name, value;
+    int listed;
+
+    /* the Connection fields, found once: each may name more hop-by-hop fields */
     for (i = 0; i < m->nfields; i++) {
-        if (ric_str_eq_lower(ric_field_name(buf, m, i), "connection")
-            && list_has(ric_field_value(buf, m, i), name)) {
-            return 1;
+        if (ric_str_eq_lower(ric_field_name(buf, m, i), "connection")) {
+            conn[nconn++] = i;
         }
     }
-    return 0;
+    for (i = 0; i < m->nfields; i++) {
+        name = ric_field_name(buf, m, i);
+        if (hop_by_hop_name(name)) {
+            continue;
+        }
+        for (j = 0, listed = 0; j < nconn && !listed; j++) {
+            listed = list_has(ric_field_value(buf, m, conn[j]), name);
+        }
+        if (listed || (skip != NULL && skip(ctx, name))) {
+            continue;
+        }
+        value = ric_field_value(buf, m, i);
+        put(ctx, name.data, name.len);
+        put(ctx, ": ", 2);
+        put(ctx, value.data, value.len);
+        put(ctx, "\r\n", 2);
+    }
 }
 
 int

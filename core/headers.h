@@ -28,10 +28,15 @@ ric_str_t ric_headers_find(const u_char *buf, const ric_http_msg_t *m, const cha
 /* How many fields are named name (any case). */
 int ric_headers_count(const u_char *buf, const ric_http_msg_t *m, const char *name);
 
-/* Whether a field named name must not be forwarded by a proxy (RFC 9110
- * §7.6.1): the fixed hop-by-hop names, and every name m's Connection
- * fields list, however many they are. */
-int ric_headers_hop_by_hop(const u_char *buf, const ric_http_msg_t *m, ric_str_t name);
+/* Copies m's end-to-end fields as "Name: value\r\n" each, through
+ * put(ctx, bytes, n), in order: never a hop-by-hop one (RFC 9110 §7.6.1:
+ * the fixed names, and every name m's Connection fields list, however many
+ * they are), nor one skip(ctx, name) refuses (skip may be NULL). The one
+ * field copy of the gateway: the request sent upstream, the answer sent
+ * back, the answer kept for an idempotency key. */
+void ric_headers_copy(const u_char *buf, const ric_http_msg_t *m,
+                      int (*skip)(void *ctx, ric_str_t name),
+                      void (*put)(void *ctx, const void *p, size_t n), void *ctx);
 
 /* Fields kept as text, "Name: value\r\n" each (the gateway's own answers,
  * a stored answer, the head as sent): the next one of *rest, which moves

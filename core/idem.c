@@ -1,10 +1,10 @@
 /* idem.c: the idempotency phase (claim a key, or replay / 409 / 422 from the store), the copy of the answer as it is relayed, and the settle at finalize. */
 #include "idem.h"
+#include "attempt.h"
 #include "idem_store.h"
 #include "headers.h"
 #include "log.h"
 #include "request.h"
-#include "worker.h"
 
 #include <event2/event_struct.h>
 #include <openssl/evp.h>
@@ -300,6 +300,22 @@ on_refresh(evutil_socket_t fd, short what, void *arg)
     event_add(&d->refresh, &tv);
 }
 
+/* What a stored answer leaves out: what the gateway sets itself when it
+ * answers (the framing, Date, Server). */
+static int
+stored_skips(void *ctx, ric_str_t name)
+{
+    (void) ctx;
+    return ric_str_eq_lower(name, "transfer-encoding") || ric_str_eq_lower(name, "content-length")
+           || ric_str_eq_lower(name, "date") || ric_str_eq_lower(name, "server");
+}
+
+static void
+stored_put(void *ctx, const void *p, size_t n)
+{
+    ric_buf_put(ctx, p, n);
+}
+
 static void
 tap(ric_request_t *r, const u_char *p, size_t n)
 {
@@ -308,7 +324,6 @@ tap(ric_request_t *r, const u_char *p, size_t n)
     const ric_http_msg_t *m = &h->resp;
     const u_char *end, *data;
     size_t dlen;
-    unsigned i;
 
     if (p == NULL) {
         /* the head: the upstream's end-to-end fields, less what the
@@ -317,19 +332,7 @@ tap(ric_request_t *r, const u_char *p, size_t n)
         d->status = m->status;
         d->dechunk = m->body == RIC_BODY_CHUNKED && !h->dechunk;
         ric_http_chunked_init(&d->chunked);
-        for (i = 0; i < m->nfields; i++) {
-            ric_str_t name = ric_field_name(h->buf, m, i);
-            if (ric_headers_hop_by_hop(h->buf, m, name)
-                || ric_str_eq_lower(name, "transfer-encoding")
-                || ric_str_eq_lower(name, "content-length") || ric_str_eq_lower(name, "date")
-                || ric_str_eq_lower(name, "server")) {
-                continue;
-            }
-            ric_buf_put(&d->fields, name.data, name.len);
-            ric_buf_put(&d->fields, ": ", 2);
-            ric_buf_put(&d->fields, h->buf + m->fields[i].value_off, m->fields[i].value_len);
-            ric_buf_put(&d->fields, "\r\n", 2);
-        }
+        ric_headers_copy(h->buf, m, stored_skips, stored_put, &d->fields);
         return;
     }
     if (!d->dechunk) {
@@ -468,7 +471,7 @@ decide(ric_request_t *r, ric_idem_t *d)
     switch (d->op.rc) {
     case RIC_IDEM_CLAIMED:
         d->held = 1;
-        evtimer_assign(&d->refresh, r->c->worker->base, on_refresh, r);
+        evtimer_assign(&d->refresh, r->c->base, on_refresh, r);
         tv = ric_ms_to_tv(lock_ttl(r) / 2);
         event_add(&d->refresh, &tv);
         d->refreshing = 1;

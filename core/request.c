@@ -1,12 +1,8 @@
-/* request.c: a request's phases in order, its resume after a suspension, and the one finalize every ending goes through. */
+/* request.c: a request: the phases it is handed, run in order, its resume after a suspension, and the one finalize every ending goes through. */
 #include "request.h"
 #include "headers.h"
-#include "idem.h"
 #include "log.h"
-#include "respond.h"
 #include "route.h"
-#include "script.h"
-#include "worker.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -14,16 +10,6 @@
 #include <unistd.h>
 
 #define REQUEST_POOL_SIZE 8192
-
-static int phase_route(ric_request_t *r);
-static int phase_on_request(ric_request_t *r);
-static int phase_body(ric_request_t *r);
-
-/* DESIGN §2, in order; LOG is the finalize itself. */
-static int (*const phases[])(ric_request_t *r) = {
-    phase_route, phase_body, phase_on_request, ric_idem_phase, ric_attempts_phase,
-    ric_respond_phase
-};
 
 static void access_log_cleanup(void *data);
 
@@ -56,14 +42,15 @@ ric_request_id(const ric_request_t *r, char *out)
     snprintf(out, 33, "%08x%08x%016llx", started, pid, (unsigned long long) r->seq);
 }
 
-ric_request_t *
-ric_request_create(ric_conn_t *c, int error_status)
+static ric_request_t *
+request_create(void *ctx, ric_conn_t *c, int error_status)
 {
     ric_pool_t *pool = ric_pool_create(REQUEST_POOL_SIZE);
     ric_request_t *r = ric_pcalloc(pool, sizeof(*r));
 
     r->c = c;
     r->pool = pool;
+    r->pipeline = ctx;
     r->msg = &c->msg;
     r->start_us = ric_now_us();
     r->seq = ++requests_seen;
@@ -113,11 +100,34 @@ ric_request_answer(ric_request_t *r, int status, int closes)
     return RIC_DONE;
 }
 
+ric_str_t
+ric_request_own_fields(const ric_request_t *r)
+{
+    static const ric_str_t text = ric_string("Content-Type: text/plain\r\n"), none = { NULL, 0 };
+
+    return r->own_custom ? r->own_fields : r->status == 204 || r->status == 304 ? none : text;
+}
+
 /* --- the phase loop -------------------------------------------------------- */
 
-void
-ric_request_run(ric_request_t *r)
+/* Where a DONE before the answering phase goes. */
+static unsigned
+answering(const ric_pipeline_t *p, unsigned from)
 {
+    unsigned i;
+
+    for (i = from + 1; i < p->nphases; i++) {
+        if (p->phases[i].flags & RIC_PHASE_ANSWERS) {
+            return i;
+        }
+    }
+    return from + 1;
+}
+
+static void
+request_run(ric_request_t *r)
+{
+    const ric_pipeline_t *p = r->pipeline;
     int rc;
 
     if (r->running) {
@@ -127,28 +137,36 @@ ric_request_run(ric_request_t *r)
     r->running = 1;
     do {
         r->resumed = 0;
-        while (r->phase < RIC_PHASE_LOG && !r->ending) {
-            rc = phases[r->phase](r);
+        while (r->phase < p->nphases && !r->ending) {
+            rc = p->phases[r->phase].run(r);
             if (rc == RIC_AGAIN) {
                 break;
             }
-            r->phase = rc == RIC_DONE && r->phase < RIC_PHASE_RESPOND ? RIC_PHASE_RESPOND
-                                                                       : r->phase + 1;
+            r->phase = rc == RIC_DONE ? answering(p, r->phase) : r->phase + 1;
         }
-    } while (r->resumed && !r->ending && r->phase < RIC_PHASE_LOG);
+    } while (r->resumed && !r->ending && r->phase < p->nphases);
     r->running = 0;
     if (r->ending) {
         ric_request_finalize(r, (ric_request_end_t) (r->ending - 1));
-    } else if (r->phase == RIC_PHASE_LOG) {
+    } else if (r->phase == p->nphases) {
         ric_request_finalize(r, RIC_END_ANSWERED);
     }
 }
 
-int
-ric_request_outlive(ric_request_t *r)
+/* The phase running now (NULL: none, it is ending). */
+static const ric_phase_t *
+running_phase(const ric_request_t *r)
 {
+    return r->phase < r->pipeline->nphases ? &r->pipeline->phases[r->phase] : NULL;
+}
+
+static int
+request_outlive(ric_request_t *r)
+{
+    const ric_phase_t *ph = running_phase(r);
+
     if (!r->outlives_client || !r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM
-        || r->own_answer || (r->phase != RIC_PHASE_ATTEMPTS && r->phase != RIC_PHASE_RESPOND)) {
+        || r->own_answer || ph == NULL || !(ph->flags & RIC_PHASE_OUTLIVES)) {
         return 0;
     }
     r->client_left = 1;
@@ -160,7 +178,7 @@ ric_request_outlive(ric_request_t *r)
 void
 ric_request_resume(ric_request_t *r)
 {
-    ric_request_run(r);
+    request_run(r);
 }
 
 void
@@ -169,8 +187,8 @@ ric_request_finalize(ric_request_t *r, ric_request_end_t end)
     ric_conn_t *c = r->c;
     ric_async_t *a;
 
-    if (r->phase == RIC_PHASE_OVER) {
-        return;
+    if (r->phase > r->pipeline->nphases) {
+        return; /* over */
     }
     if (r->running) {
         if (!r->ending) {
@@ -178,7 +196,7 @@ ric_request_finalize(ric_request_t *r, ric_request_end_t end)
         }
         return;
     }
-    r->phase = RIC_PHASE_OVER;
+    r->phase = r->pipeline->nphases + 1;
     r->end = end;
     while ((a = ric_list_first(&r->async, ric_async_t, link)) != NULL) {
         ric_request_async_end(r, a);
@@ -197,8 +215,8 @@ use_settings(ric_request_t *r, const ric_http_settings_t *s)
     ric_conn_use_settings(r->c, s);
 }
 
-static int
-phase_route(ric_request_t *r)
+int
+ric_request_phase_route(ric_request_t *r)
 {
     const ric_http_msg_t *m = r->msg;
     ric_str_t path = ric_request_span(r, m->target_off, m->path_len);
@@ -235,7 +253,7 @@ phase_route(ric_request_t *r)
     if (r->location != NULL) {
         use_settings(r, &r->location->settings);
         if (r->location->upstream != NULL) {
-            r->up = &r->c->worker->upstreams[r->location->upstream->index];
+            r->up = &r->pipeline->upstreams[r->location->upstream->index];
         }
     }
     limit = (uint64_t) r->settings->client_max_body_size;
@@ -248,19 +266,6 @@ phase_route(ric_request_t *r)
         return ric_request_answer(r, 405, 1);
     }
     return RIC_OK;
-}
-
-/* The route script's on_request, with the body held (it also registers
- * the script's on_log as a cleanup, which runs before the access log). */
-static int
-phase_on_request(ric_request_t *r)
-{
-    const ric_script_t *s = r->location ? r->location->refs.script : NULL;
-
-    if (s == NULL || r->up == NULL) {
-        return RIC_OK;
-    }
-    return ric_script_on_request(r);
 }
 
 static void
@@ -277,15 +282,21 @@ body_cleanup(void *data)
 static void
 stream_begin(ric_request_t *r, int chunked)
 {
+    const ric_pipeline_t *p = r->pipeline;
+    unsigned i;
+
     r->body_mode = RIC_REQ_BODY_STREAM;
     ric_upload_init(&r->upload, chunked, ric_body_size(&r->body));
-    if (ric_idem_digests(r)) {
-        r->body_digest = ric_body_digest_new(&r->body);
+    for (i = r->phase + 1; i < p->nphases; i++) {
+        if (p->phases[i].wants_digest != NULL && p->phases[i].wants_digest(r)) {
+            r->body_digest = ric_body_digest_new(&r->body);
+            break;
+        }
     }
 }
 
-static int
-phase_body(ric_request_t *r)
+int
+ric_request_phase_body(ric_request_t *r)
 {
     const ric_http_msg_t *m = r->msg;
     const ric_http_settings_t *s = r->settings;
@@ -316,13 +327,31 @@ phase_body(ric_request_t *r)
     if (r->own_answer) {
         return RIC_DONE;
     }
-    return r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM ? RIC_OK : RIC_AGAIN;
+    if (r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM) {
+        return RIC_OK;
+    }
+    r->body_awaited = 1;
+    return RIC_AGAIN;
 }
 
 /* --- what the connection tells ---------------------------------------------- */
 
-int
-ric_request_body_data(ric_request_t *r, const u_char *data, size_t n)
+/* Every phase that feeds on a streamed upload hears there is more. */
+static void
+upload_kick(ric_request_t *r)
+{
+    const ric_pipeline_t *p = r->pipeline;
+    unsigned i;
+
+    for (i = 0; i < p->nphases; i++) {
+        if (p->phases[i].upload_kick != NULL) {
+            p->phases[i].upload_kick(r);
+        }
+    }
+}
+
+static int
+body_data(ric_request_t *r, const u_char *data, size_t n)
 {
     switch (r->body_mode) {
     case RIC_REQ_BODY_BUFFER:
@@ -346,15 +375,15 @@ ric_request_body_data(ric_request_t *r, const u_char *data, size_t n)
         if (ric_upload_put(&r->upload, data, n)) {
             r->upload_paused = 1;
         }
-        ric_attempts_upload_kick(r);
+        upload_kick(r);
         return r->upload_paused ? RIC_AGAIN : RIC_OK;
     default:
         return RIC_OK;
     }
 }
 
-void
-ric_request_body_done(ric_request_t *r)
+static void
+body_done(ric_request_t *r)
 {
     r->body_complete = 1;
     if (r->body_digest != NULL && !r->upload_unwanted) {
@@ -363,24 +392,26 @@ ric_request_body_done(ric_request_t *r)
     }
     if (r->body_mode == RIC_REQ_BODY_STREAM && !r->upload_unwanted && !r->body_drop) {
         ric_upload_end(&r->upload);
-        ric_attempts_upload_kick(r);
+        upload_kick(r);
     }
-    if (r->phase == RIC_PHASE_BODY || r->body_awaited) {
+    if (r->body_awaited) {
         r->body_awaited = 0;
         ric_request_resume(r);
     }
 }
 
-void
-ric_request_body_failed(ric_request_t *r, int status)
+static void
+body_failed(ric_request_t *r, int status)
 {
+    const ric_phase_t *ph = running_phase(r);
+
     if (r->responding) {
         /* part of the answer may be out: nothing can be said cleanly */
         ric_request_finalize(r, RIC_END_CLIENT_GONE);
         return;
     }
-    if (r->phase == RIC_PHASE_ATTEMPTS) {
-        ric_attempts_stop(r); /* a streamed body broke: its attempt with it */
+    if (ph != NULL && ph->body_broke != NULL) {
+        ph->body_broke(r); /* a streamed body broke: its attempt with it */
     }
     ric_request_answer(r, status, 1);
     ric_request_resume(r);
@@ -405,21 +436,37 @@ ric_request_upload_room(ric_request_t *r)
     }
 }
 
-void
-ric_request_client_writable(ric_request_t *r)
+static void
+client_writable(ric_request_t *r)
 {
-    if (r->phase == RIC_PHASE_RESPOND) {
-        ric_request_resume(r);
+    const ric_phase_t *ph = running_phase(r);
+
+    if (ph != NULL && ph->writable != NULL) {
+        ph->writable(r);
     }
 }
 
-void
-ric_request_shutdown(ric_request_t *r, int64_t deadline_ms)
+static void
+request_shutdown(ric_request_t *r, int64_t deadline_ms)
 {
-    if (r->phase == RIC_PHASE_ATTEMPTS) {
-        ric_attempts_shutdown(r, deadline_ms);
+    const ric_phase_t *ph = running_phase(r);
+
+    if (ph != NULL && ph->shutdown != NULL) {
+        ph->shutdown(r, deadline_ms);
     }
 }
+
+const ric_conn_handler_t ric_request_conn_handler = {
+    .begin = request_create,
+    .run = request_run,
+    .body_data = body_data,
+    .body_done = body_done,
+    .body_failed = body_failed,
+    .writable = client_writable,
+    .outlive = request_outlive,
+    .gone = ric_request_finalize,
+    .shutdown = request_shutdown,
+};
 
 /* --- the last cleanup ------------------------------------------------------- */
 

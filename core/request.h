@@ -4,7 +4,6 @@
 
 #include "ric_core.h"
 #include "access_log.h"
-#include "attempt.h"
 #include "body.h"
 #include "conf.h"
 #include "conn.h"
@@ -13,21 +12,48 @@
 #include "upload.h"
 #include "upstream.h"
 
-/* The phases, in the order a request goes through them (a phase that
- * answers skips to RESPOND). Each returns RIC_OK (go on), RIC_AGAIN
+/* A phase of the request, as the layer above hands it in (pipeline.c
+ * names them, in order). run returns RIC_OK (go on), RIC_AGAIN
  * (suspended: a timer or an asynchronous callback calls
  * ric_request_resume, and the phase runs again) or RIC_DONE (answered:
- * r->status holds the gateway's own answer, or r->answer the upstream's). */
-typedef enum {
-    RIC_PHASE_ROUTE = 0,   /* server and location */
-    RIC_PHASE_BODY,        /* buffer the body for replay, or start streaming it */
-    RIC_PHASE_ON_REQUEST,  /* the route script's on_request: after the body, so req:body() has it */
-    RIC_PHASE_IDEMPOTENCY, /* idem.c: claim the key, or answer from the store */
-    RIC_PHASE_ATTEMPTS,    /* attempt.c: tries, waits, the answer chosen */
-    RIC_PHASE_RESPOND,     /* respond.c: the answer goes to the client */
-    RIC_PHASE_LOG,         /* finalize: cleanups, access log */
-    RIC_PHASE_OVER
+ * r->status holds the gateway's own answer, or r->answer the upstream's;
+ * the phase flagged RIC_PHASE_ANSWERS comes next). After the last phase
+ * the request is finalized (the access log is its last cleanup). */
+typedef struct {
+    int (*run)(ric_request_t *r);
+    unsigned flags;
+    /* Whether the phase, later, needs a streamed body's SHA-256 (asked
+     * when the body begins to stream). */
+    int (*wants_digest)(const ric_request_t *r);
+    /* More of a streamed body was staged (or it ended): every phase's. */
+    void (*upload_kick)(ric_request_t *r);
+    /* The running phase's: the client's body broke (an answer follows). */
+    void (*body_broke)(ric_request_t *r);
+    /* ...the worker stops gracefully: nothing new starts after deadline_ms. */
+    void (*shutdown)(ric_request_t *r, int64_t deadline_ms);
+    /* ...the client socket can take more of the answer. */
+    void (*writable)(ric_request_t *r);
 } ric_phase_t;
+
+#define RIC_PHASE_ANSWERS  0x1 /* an earlier phase's DONE skips to this one */
+#define RIC_PHASE_OUTLIVES 0x2 /* a keyed request may outlive its client in it */
+
+/* What every request of a worker is given. */
+typedef struct {
+    const ric_phase_t *phases;
+    unsigned nphases;
+    ric_upstream_t *upstreams; /* the worker's, by ric_upstream_conf_t.index */
+} ric_pipeline_t;
+
+/* The connection's handler (conn.h) that makes and drives requests; its
+ * context is a ric_pipeline_t. */
+extern const ric_conn_handler_t ric_request_conn_handler;
+
+/* The two phases the request layer itself has: the route (server and
+ * location; refused heads answered) and the body (held for replay, or
+ * streamed when too large to hold). */
+int ric_request_phase_route(ric_request_t *r);
+int ric_request_phase_body(ric_request_t *r);
 
 typedef enum {
     RIC_REQ_BODY_NONE = 0,
@@ -49,7 +75,9 @@ struct ric_request_s {
     ric_conn_t *c;
     ric_pool_t *pool; /* owns the request itself; its cleanups run at finalize */
     const ric_http_msg_t *msg; /* the head, parsed in c->in */
-    ric_phase_t phase;
+    const ric_pipeline_t *pipeline;
+    unsigned phase;  /* the phase running, an index of pipeline->phases;
+                      * nphases: finalizing; past it: over */
     int running;   /* the phase loop is on the stack */
     int resumed;   /* ...and was resumed meanwhile: it goes round again */
     int ending;    /* finalize was asked while running: 1 + ric_request_end_t */
@@ -95,12 +123,13 @@ struct ric_request_s {
     ric_str_t answer_fields;  /* the answer's fields as the client got them, "Name: value\r\n"
                                * each (pool), kept for a script's on_log */
 
-    ric_attempts_t attempts;  /* attempt.c's state across tries */
+    struct ric_attempts_s *attempts; /* attempt.c's state across tries */
     ric_attempt_t *answer;    /* the attempt whose response the client gets */
     int answer_classified;    /* the route script's word on it (RIC_CLASSIFY_*) */
 
     /* the answer */
     int responding;    /* its head is built: bytes go (or went) out */
+    int relayed;       /* a relay ended it outside the phase: 1 all out, -1 the client is gone */
     int status;        /* the client's status */
     int own_answer;    /* the gateway answers itself with status */
     ric_retry_reason_t not_retried; /* why the last failure was final */
@@ -130,18 +159,6 @@ struct ric_request_s {
     int client_left;           /* ...and it left: the answer goes nowhere */
 };
 
-/* A new request on c, whose head is parsed in c->msg, or refused with
- * error_status (400, 408, 414, 431, 501, 505). Never NULL. */
-ric_request_t *ric_request_create(ric_conn_t *c, int error_status);
-
-/* The client left (its connection closed): whether r goes on without it
- * (outlives_client, once its body is all here and the attempts began);
- * its answer then goes nowhere and it ends as any request does. */
-int ric_request_outlive(ric_request_t *r);
-
-/* Runs the phases as far as they go. */
-void ric_request_run(ric_request_t *r);
-
 /* A suspended phase's wait is over: its phase runs again. Safe to call
  * from inside a phase (the loop then goes round once more). */
 void ric_request_resume(ric_request_t *r);
@@ -163,6 +180,10 @@ void ric_request_async_end(ric_request_t *r, ric_async_t *a);
 /* The gateway answers the request itself (closes: the connection is not
  * trusted after). Returns RIC_DONE, for a phase to return. */
 int ric_request_answer(ric_request_t *r, int status, int closes);
+
+/* The gateway's own answer's fields, "Name: value\r\n" each, as a route
+ * script's on_response sees them (not Server, Date or the framing). */
+ric_str_t ric_request_own_fields(const ric_request_t *r);
 
 /* The request's id, 32 hex digits unique on the host (the worker's start
  * time and pid, and its count of requests): the access log's "id", the
@@ -188,22 +209,6 @@ ric_request_host(const ric_request_t *r)
 
     return r->has_host ? ric_request_span(r, r->host_off, r->host_len) : none;
 }
-
-/* --- what the connection tells the request ------------------------------ */
-
-/* n more body bytes. RIC_OK; RIC_AGAIN: taken, but pause until
- * ric_conn_body_read; RIC_ERROR: they could not be kept (500). */
-int ric_request_body_data(ric_request_t *r, const u_char *data, size_t n);
-
-/* The body ended / broke (400 bad chunk, 408, 413, 500). */
-void ric_request_body_done(ric_request_t *r);
-void ric_request_body_failed(ric_request_t *r, int status);
-
-/* The client socket can take more of the answer. */
-void ric_request_client_writable(ric_request_t *r);
-
-/* The worker stops gracefully: no attempt starts after deadline_ms. */
-void ric_request_shutdown(ric_request_t *r, int64_t deadline_ms);
 
 /* --- what the attempts tell the request ---------------------------------- */
 

@@ -1,10 +1,10 @@
 /* respond.c: writing the answer: the gateway's own, or the upstream's with hop-by-hop fields dropped and its body relayed through one buffer. */
 #include "respond.h"
+#include "attempt.h"
 #include "headers.h"
 #include "log.h"
 #include "request.h"
 #include "script.h"
-#include "worker.h"
 
 #include <stdio.h>
 
@@ -51,7 +51,7 @@ static void
 date(ric_conn_t *c)
 {
     static const ric_str_t name = ric_string("Date");
-    const char *d = ric_worker_date(c->worker);
+    const char *d = ric_date_now();
 
     field(c, name, (const u_char *) d, strlen(d));
 }
@@ -65,14 +65,6 @@ connection(ric_request_t *r)
     } else if (r->msg->version == 10) {
         ric_conn_head_append(r->c, "Connection: keep-alive\r\n", 24);
     }
-}
-
-ric_str_t
-ric_respond_own_fields(const ric_request_t *r)
-{
-    static const ric_str_t text = ric_string("Content-Type: text/plain\r\n"), none = { NULL, 0 };
-
-    return r->own_custom ? r->own_fields : r->status == 204 || r->status == 304 ? none : text;
 }
 
 /* The gateway's own answer's body: a short text, or a script's or the
@@ -94,7 +86,7 @@ own_body(const ric_request_t *r, char *buf, size_t size)
 }
 
 /* The gateway's own answer's fields: its Server and Date, the answer's
- * own (ric_respond_own_fields), the length of its body; with
+ * own (ric_request_own_fields), the length of its body; with
  * on_response's edits. */
 static void
 own_head(ric_request_t *r, size_t body_len)
@@ -103,7 +95,7 @@ own_head(ric_request_t *r, size_t body_len)
     ric_conn_t *c = r->c;
     char line[64];
     int n;
-    ric_str_t rest = ric_respond_own_fields(r), name, value;
+    ric_str_t rest = ric_request_own_fields(r), name, value;
 
     if (!edited(r, server)) {
         ric_conn_head_append(c, "Server: ricochet\r\n", 18);
@@ -123,31 +115,44 @@ own_head(ric_request_t *r, size_t body_len)
     connection(r);
 }
 
+typedef struct {
+    ric_request_t *r;
+    int has_date;
+} upstream_fields_t;
+
+/* Of the upstream's end-to-end fields, those the client does not get:
+ * a Transfer-Encoding undone (or that HTTP/1.0 cannot carry), and those
+ * on_response set or removed. */
+static int
+upstream_skips(void *ctx, ric_str_t name)
+{
+    upstream_fields_t *u = ctx;
+    const ric_http1_t *h = &u->r->answer->client;
+
+    if (((h->dechunk || u->r->msg->version == 10) && ric_str_eq_lower(name, "transfer-encoding"))
+        || edited(u->r, name)) {
+        return 1;
+    }
+    u->has_date = u->has_date || ric_str_eq_lower(name, "date");
+    return 0;
+}
+
+static void
+head_put(void *ctx, const void *p, size_t n)
+{
+    ric_conn_head_append(((upstream_fields_t *) ctx)->r->c, p, n);
+}
+
 /* The upstream's head as the client gets it (with on_response's edits). */
 static void
 upstream_head(ric_request_t *r)
 {
-    ric_conn_t *c = r->c;
-    ric_http1_t *h = &r->answer->client;
-    const ric_http_msg_t *m = &h->resp;
-    unsigned i;
-    int has_date = 0;
+    const ric_http1_t *h = &r->answer->client;
+    upstream_fields_t u = { r, 0 };
 
-    for (i = 0; i < m->nfields; i++) {
-        ric_str_t name = ric_field_name(h->buf, m, i);
-        if (ric_headers_hop_by_hop(h->buf, m, name)
-            || ((h->dechunk || r->msg->version == 10)
-                && ric_str_eq_lower(name, "transfer-encoding"))
-            || edited(r, name)) {
-            continue;
-        }
-        has_date = has_date || ric_str_eq_lower(name, "date");
-        /* name, ": ", value are contiguous in what the upstream sent only
-         * up to OWS, so copy the parts */
-        field(c, name, h->buf + m->fields[i].value_off, m->fields[i].value_len);
-    }
-    if (!(edits(r) | has_date)) {
-        date(c); /* RFC 9110 §6.6.1: a proxy adds the Date an origin did not send */
+    ric_headers_copy(h->buf, &h->resp, upstream_skips, head_put, &u);
+    if (!(edits(r) | u.has_date)) {
+        date(r->c); /* RFC 9110 §6.6.1: a proxy adds the Date an origin did not send */
     }
     connection(r);
 }
@@ -195,11 +200,41 @@ head(ric_request_t *r)
     }
 }
 
-int
-ric_respond_phase(ric_request_t *r)
+/* Writes to the client what the answer has now. RIC_OK: all of it went
+ * out; RIC_AGAIN: more is to come (from the upstream, or when the client
+ * drains); RIC_ERROR: the client is gone. */
+static int
+relay(ric_request_t *r)
 {
     ric_http1_t *h;
     size_t taken;
+    int rc;
+
+    if (r->answer == NULL) {
+        return ric_conn_write(r->c, NULL, 0, &taken);
+    }
+    h = &r->answer->client;
+    rc = ric_conn_write(r->c, h->buf + h->relay_start, h->relay_end - h->relay_start, &taken);
+    if (r->tap != NULL && taken > 0) {
+        r->tap(r, h->buf + h->relay_start, taken);
+    }
+    ric_http1_consumed(h, taken);
+    if (rc == RIC_AGAIN) {
+        /* a slow client: stop reading the upstream until it drains, so
+         * memory stays at one buffer; also when the response is all
+         * here, so that an upstream closing now is not one breaking off */
+        ric_http1_pause(h);
+    } else if (rc == RIC_OK && !h->done) {
+        return RIC_AGAIN; /* relayed all there was: more will come */
+    } else if (rc == RIC_OK) {
+        ric_http1_release(h); /* whole: the connection may serve another request */
+    }
+    return rc;
+}
+
+int
+ric_respond_phase(ric_request_t *r)
+{
     int rc;
 
     if (!r->responding) {
@@ -208,30 +243,15 @@ ric_respond_phase(ric_request_t *r)
         if (r->answer != NULL && r->tap != NULL) {
             r->tap(r, NULL, 0);
         }
-    }
-    if (r->answer == NULL) {
-        rc = ric_conn_write(r->c, NULL, 0, &taken);
+        rc = relay(r);
     } else {
-        h = &r->answer->client;
-        rc = ric_conn_write(r->c, h->buf + h->relay_start, h->relay_end - h->relay_start, &taken);
-        if (r->tap != NULL && taken > 0) {
-            r->tap(r, h->buf + h->relay_start, taken);
-        }
-        ric_http1_consumed(h, taken);
-        if (rc == RIC_AGAIN) {
-            /* a slow client: stop reading the upstream until it drains, so
-             * memory stays at one buffer; also when the response is all
-             * here, so that an upstream closing now is not one breaking off */
-            ric_http1_pause(h);
-        } else if (rc == RIC_OK && !h->done) {
-            return RIC_AGAIN; /* relayed all there was: more will come */
-        } else if (rc == RIC_OK) {
-            ric_http1_release(h); /* whole: the connection may serve another request */
-        }
+        /* back after a relay ended it, or resumed meanwhile */
+        rc = r->relayed > 0 ? RIC_OK : r->relayed < 0 ? RIC_ERROR : relay(r);
     }
     if (rc == RIC_ERROR) {
         ric_log_error(RIC_LOG_INFO, 0, "the client went away while being sent the answer, "
                       "client: %s", r->c->peer);
+        r->relayed = 0;
         ric_conn_close(r->c); /* the request ends, unless it outlives its client */
         if (r->client_left) {
             ric_request_resume(r); /* the rest goes nowhere, but goes */
@@ -244,7 +264,17 @@ ric_respond_phase(ric_request_t *r)
 void
 ric_respond_relay(ric_request_t *r)
 {
-    ric_request_resume(r);
+    int rc;
+
+    if (!r->responding) {
+        return; /* the phase has not begun: it writes all there is when it does */
+    }
+    rc = relay(r);
+    if (rc != RIC_AGAIN) {
+        /* the answer's end, or the client's: the phase takes it from here */
+        r->relayed = rc == RIC_OK ? 1 : -1;
+        ric_request_resume(r);
+    }
 }
 
 void

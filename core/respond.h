@@ -4,20 +4,19 @@
 
 #include "ric_core.h"
 
-/* The phase (request.c's table): writes r's answer to the client with
+/* The phase (pipeline.c's table): writes r's answer to the client with
  * backpressure. RIC_OK when all of it went out; RIC_AGAIN while waiting
  * for the client or the upstream. */
 int ric_respond_phase(ric_request_t *r);
 
-/* The upstream's answer has more bytes (or ended): the phase goes on. */
+/* The upstream's answer has more bytes (or ended), or the client can take
+ * more (the phase's writable): written at once, with no detour through
+ * the request's phases; only the end of the answer, or of the client,
+ * goes back to them. */
 void ric_respond_relay(ric_request_t *r);
 
 /* The upstream broke off after the answer began: the client's answer is
  * cut short and its connection closes. */
 void ric_respond_broken(ric_request_t *r, int err, const char *what);
-
-/* The gateway's own answer's fields, "Name: value\r\n" each, as a route
- * script's on_response sees them (not Server, Date or the framing). */
-ric_str_t ric_respond_own_fields(const ric_request_t *r);
 
 #endif /* RIC_RESPOND_H */

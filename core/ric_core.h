@@ -83,6 +83,9 @@ char *ric_xstrdup(const char *s);
 int64_t ric_now_ms(void);
 int64_t ric_now_us(void);
 
+/* The wall clock as an HTTP Date value (IMF-fixdate), made once a second. */
+const char *ric_date_now(void);
+
 /* A libevent timeout of ms milliseconds (negative: 0). */
 struct timeval ric_ms_to_tv(int64_t ms);
 

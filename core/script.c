@@ -72,10 +72,6 @@ use(const ric_script_t *s)
     cur = s->state;
 }
 
-ric_request_t *ric_script_request;
-ric_attempt_t *ric_script_attempt;
-int ric_script_in_on_request;
-int ric_script_in_on_response;
 
 /* --- the bound on a call ------------------------------------------------------ */
 
@@ -121,6 +117,7 @@ bounded_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 }
 
 static void stop_now(lua_State *l);
+static void push_ctx(ric_request_t *r);
 
 static int
 over_bound(void)
@@ -275,7 +272,7 @@ state_init(char *err, size_t errlen)
     if (load_bundled(ric_lua_api, "=ricochet/api.lua", err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }
-    ric_script_api_push(L);
+    ric_script_api_push(L, push_ctx);
     if (lua_pcall(L, 1, 1, 0) != 0) {
         snprintf(err, errlen, "cannot start the route script library: %s (is lua-cjson "
                  "installed?)", lua_tostring(L, -1));
@@ -687,7 +684,7 @@ push_ctx(ric_request_t *r)
 }
 
 /* The request's table when a hook of it made one, else nil: the table is
- * made when a script first reads req.ctx (ric_script_push_ctx), so a
+ * made when a script first reads req.ctx (push_ctx), so a
  * request whose script never does pays nothing for it. */
 static void
 push_ctx_if_made(ric_request_t *r)
@@ -697,13 +694,6 @@ push_ctx_if_made(ric_request_t *r)
     } else {
         lua_pushnil(L);
     }
-}
-
-void
-ric_script_push_ctx(lua_State *l, ric_request_t *r)
-{
-    (void) l; /* the current state's: the hook being run is r's script's */
-    push_ctx(r);
 }
 
 /* Fills the req object's fields with r's, unless they show r already:
@@ -759,7 +749,7 @@ show_request(ric_request_t *r)
         lua_pushnil(L);
     }
     set_raw("idempotent");
-    lua_pushnil(L); /* client and id: made on first read (ric_script_push_ctx's way) */
+    lua_pushnil(L); /* client and id: made on first read (push_ctx's way) */
     set_raw("client");
     lua_pushnil(L);
     set_raw("id");
@@ -775,8 +765,8 @@ ric_script_on_request(ric_request_t *r)
     char where[512];
     int top, rc;
 
-    if (s == NULL) {
-        return RIC_OK;
+    if (s == NULL || r->up == NULL) {
+        return RIC_OK; /* no script, or a route that does not proxy */
     }
     if (s->has_on_log) {
         ric_request_cleanup_add(r, ric_script_log_cleanup, r); /* before the access log's */
@@ -794,11 +784,11 @@ ric_script_on_request(ric_request_t *r)
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req);            /* the argument: the proxy */
     show_request(r);
 
-    ric_script_request = r;
-    ric_script_in_on_request = 1;
+    ric_script_hook.r = r;
+    ric_script_hook.in_on_request = 1;
     rc = call(1, 0);
-    ric_script_in_on_request = 0;
-    ric_script_request = NULL;
+    ric_script_hook.in_on_request = 0;
+    ric_script_hook.r = NULL;
     if (rc != 0) {
         log_failure(s, RIC_HOOK_ON_REQUEST, r);
         ric_script_api_undo(r);
@@ -860,16 +850,16 @@ ric_script_on_response(ric_request_t *r)
     set_raw("ctx");
     lua_pop(L, 1); /* the fields: the proxy stays, as the argument */
 
-    ric_script_request = r;
-    ric_script_attempt = r->answer; /* NULL: the gateway's own answer */
-    ric_script_in_on_response = 1;
+    ric_script_hook.r = r;
+    ric_script_hook.attempt = r->answer; /* NULL: the gateway's own answer */
+    ric_script_hook.in_on_response = 1;
     if (call(1, 0) != 0) {
         log_failure(s, RIC_HOOK_ON_RESPONSE, r);
         r->res_edits = NULL; /* a failed hook changes nothing */
     }
-    ric_script_in_on_response = 0;
-    ric_script_attempt = NULL;
-    ric_script_request = NULL;
+    ric_script_hook.in_on_response = 0;
+    ric_script_hook.attempt = NULL;
+    ric_script_hook.r = NULL;
     lua_settop(L, top);
     return r->script_logs;
 }
@@ -932,11 +922,11 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     set_raw("ctx");
     lua_pop(L, 1);
 
-    ric_script_request = r;
-    ric_script_attempt = u;
+    ric_script_hook.r = r;
+    ric_script_hook.attempt = u;
     rc = call(2, 2);
-    ric_script_request = NULL;
-    ric_script_attempt = NULL;
+    ric_script_hook.r = NULL;
+    ric_script_hook.attempt = NULL;
     if (rc != 0) {
         log_failure(s, RIC_HOOK_CLASSIFY, r);
         lua_settop(L, top);

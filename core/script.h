@@ -53,7 +53,9 @@ extern size_t ric_script_memory_max;
  * err set to "path:line: reason" when it cannot. */
 ric_script_t *ric_script_load(const char *path, char *err, size_t errlen);
 
-/* The on_request phase: runs the route script's on_request, if any.
+/* The on_request phase (pipeline.c's table; after the body, so
+ * req:body() has it): runs the route script's on_request, if any, and
+ * registers its on_log as a cleanup (which runs before the access log).
  * RIC_OK, or RIC_DONE when the script answered (req:respond). An error in
  * the script is logged and the request goes on as if it had none. */
 int ric_script_on_request(ric_request_t *r);
@@ -73,11 +75,6 @@ int ric_script_classifies(const ric_request_t *r);
 /* The script's on_log, as a request cleanup (registered when has_on_log). */
 void ric_script_log_cleanup(void *data);
 
-/* The request the binding works on during a hook call (script_api.c). */
-extern ric_request_t *ric_script_request;
-extern ric_attempt_t *ric_script_attempt;
-extern int ric_script_in_on_request; /* req may be changed only then */
-extern int ric_script_in_on_response; /* ...and the answer's fields only then */
 
 /* The respond phase, before the head of any answer is built (the
  * upstream's or the gateway's own): the route script's on_response, which
@@ -86,8 +83,5 @@ extern int ric_script_in_on_response; /* ...and the answer's fields only then */
  * sent (r->answer_fields). */
 int ric_script_on_response(ric_request_t *r);
 
-/* Pushes r's own table (req.ctx), made on first use (script_api.c). */
-struct lua_State;
-void ric_script_push_ctx(struct lua_State *l, ric_request_t *r);
 
 #endif /* RIC_SCRIPT_H */

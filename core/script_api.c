@@ -35,15 +35,18 @@ script_error(lua_State *L, const char *fmt, ...)
     return lua_error(L);
 }
 
-/* Every function works on ric_script_request, set only while a hook runs:
- * a req or res kept and used later is an error, never a stale pointer. */
+ric_script_hook_t ric_script_hook;
+
+static void (*push_ctx)(ric_request_t *r); /* script.c's */
+
+/* Every function works on the hook's request, set only while it runs. */
 static ric_request_t *
 current(lua_State *L)
 {
-    if (ric_script_request == NULL) {
+    if (ric_script_hook.r == NULL) {
         script_error(L, "req and res can only be used while their hook runs");
     }
-    return ric_script_request;
+    return ric_script_hook.r;
 }
 
 /* The request, for a change to it: only on_request may make one. */
@@ -52,7 +55,7 @@ changing(lua_State *L, const char *what)
 {
     ric_request_t *r = current(L);
 
-    if (!ric_script_in_on_request) {
+    if (!ric_script_hook.in_on_request) {
         script_error(L, "%s can only be called in on_request", what);
     }
     return r;
@@ -61,10 +64,10 @@ changing(lua_State *L, const char *what)
 static ric_attempt_t *
 current_attempt(lua_State *L)
 {
-    if (current(L) != NULL && ric_script_attempt == NULL && !ric_script_in_on_response) {
+    if (current(L) != NULL && ric_script_hook.attempt == NULL && !ric_script_hook.in_on_response) {
         script_error(L, "res can only be used in classify and on_response");
     }
-    return ric_script_attempt;
+    return ric_script_hook.attempt;
 }
 
 /* A field of the answer res stands for: an attempt's, or in on_response
@@ -75,7 +78,7 @@ res_field(lua_State *L, const char *name)
     ric_attempt_t *u = current_attempt(L);
 
     if (u == NULL) {
-        return ric_lines_find(ric_respond_own_fields(ric_script_request), name);
+        return ric_lines_find(ric_request_own_fields(ric_script_hook.r), name);
     }
     return ric_headers_find(u->client.buf, &u->client.resp, name);
 }
@@ -452,7 +455,7 @@ res_set_header(lua_State *L)
     const char *name = luaL_checklstring(L, 1, &n);
     const char *value = lua_isnil(L, 2) ? NULL : luaL_checklstring(L, 2, &vn);
 
-    if (!ric_script_in_on_response) {
+    if (!ric_script_hook.in_on_response) {
         return script_error(L, "res:set_header can only be called in on_response");
     }
     check_field(L, "res:set_header", name, n, value, vn);
@@ -472,16 +475,16 @@ res_body(lua_State *L)
     }
     if (u->peeked != 1) {
         /* no classify_body_max, or larger than it: by head only */
-        if (ric_script_request->settings->classify_body_max == 0
-            && !ric_script_request->location->warned_body_max) {
+        if (ric_script_hook.r->settings->classify_body_max == 0
+            && !ric_script_hook.r->location->warned_body_max) {
             /* once per location and worker: nil here is the location's doing */
-            ric_script_request->location->warned_body_max = 1;
+            ric_script_hook.r->location->warned_body_max = 1;
             ric_log_error(RIC_LOG_WARN, 0, "route script %s: res:body() and res:json() are nil on "
                           "location \"%s\" (%s:%d): it has no classify_body_max (add, say, "
                           "\"classify_body_max 4k;\" to read bodies up to 4 KiB before classify)",
-                          ric_script_request->location->refs.script->path,
-                          ric_script_request->location->path,
-                          ric_script_request->location->file, ric_script_request->location->line);
+                          ric_script_hook.r->location->refs.script->path,
+                          ric_script_hook.r->location->path,
+                          ric_script_hook.r->location->file, ric_script_hook.r->location->line);
         }
         lua_pushnil(L);
         return 1;
@@ -496,7 +499,7 @@ res_body(lua_State *L)
 static int
 ctx_of_request(lua_State *L)
 {
-    ric_script_push_ctx(L, current(L));
+    push_ctx(current(L));
     return 1;
 }
 
@@ -729,8 +732,8 @@ log_line(lua_State *L)
     for (i = 0; i < ric_nelems(levels); i++) {
         if (strcmp(level, levels[i].name) == 0) {
             ric_log_error(levels[i].level, 0, "route script: %s%s%s%s", where, msg,
-                          ric_script_request ? ", client: " : "",
-                          ric_script_request ? ric_script_request->c->peer : "");
+                          ric_script_hook.r ? ", client: " : "",
+                          ric_script_hook.r ? ric_script_hook.r->c->peer : "");
             break;
         }
     }
@@ -738,7 +741,7 @@ log_line(lua_State *L)
 }
 
 void
-ric_script_api_push(lua_State *L)
+ric_script_api_push(lua_State *L, void (*ctx_pusher)(ric_request_t *r))
 {
     static const luaL_Reg fns[] = {
         { "req_header", req_header }, { "req_set_header", req_set_header },
@@ -751,8 +754,10 @@ ric_script_api_push(lua_State *L)
         { "req_client", req_client }, { "req_id", req_id }, { "uuid", uuid }, { "sha256", sha256 },
         { "hmac_sha256", hmac_sha256 }, { "now", now }, { "log", log_line }, { NULL, NULL }
     };
+
     const luaL_Reg *f;
 
+    push_ctx = ctx_pusher;
     lua_newtable(L);
     for (f = fns; f->name != NULL; f++) {
         lua_pushcfunction(L, f->func);

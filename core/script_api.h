@@ -6,8 +6,21 @@
 
 #include <lua.h>
 
-/* Pushes the binding table that api.lua is given. */
-void ric_script_api_push(lua_State *L);
+/* The hook being run, set by script.c around each call: the binding acts
+ * only on its request, so a req or res kept and used later is an error,
+ * never a stale pointer. */
+typedef struct {
+    ric_request_t *r;       /* NULL outside a hook */
+    ric_attempt_t *attempt; /* classify's, or on_response's answer (NULL: the gateway's own) */
+    int in_on_request;      /* req may be changed only then */
+    int in_on_response;     /* ...and the answer's fields only then */
+} ric_script_hook_t;
+
+extern ric_script_hook_t ric_script_hook;
+
+/* Pushes the binding table that api.lua is given; push_ctx pushes a
+ * request's own table (req.ctx), made on first use by the state's owner. */
+void ric_script_api_push(lua_State *L, void (*push_ctx)(ric_request_t *r));
 
 /* A failed on_request: its header edits, key and answer are dropped. */
 void ric_script_api_undo(ric_request_t *r);

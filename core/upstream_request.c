@@ -155,13 +155,27 @@ upstream_target(ric_request_t *r)
     return rest.len > 0 ? rest : (ric_str_t) ric_string("/");
 }
 
-/* A client field that is never forwarded as it came. */
-static int
-skipped(ric_request_t *r, ric_str_t name)
+/* The client's fields on their way into the head sent upstream. */
+typedef struct {
+    ric_request_t *r;
+    ric_buf_t *b; /* the head being built */
+} copy_t;
+
+static void
+put(void *ctx, const void *p, size_t n)
 {
+    ric_buf_put(((copy_t *) ctx)->b, p, n);
+}
+
+/* Of the client's end-to-end fields, those the gateway sets itself or
+ * drops. */
+static int
+skipped(void *ctx, ric_str_t name)
+{
+    ric_request_t *r = ((copy_t *) ctx)->r;
     const ric_http_refs_t *refs = &r->location->refs;
 
-    if (ric_headers_hop_by_hop(r->c->in, r->msg, name) || ric_str_eq_lower(name, "host")
+    if (ric_str_eq_lower(name, "host")
         || ric_str_eq_lower(name, "x-forwarded-for") || ric_str_eq_lower(name, "x-forwarded-proto")
         || ric_str_eq_lower(name, "transfer-encoding") || ric_str_eq_lower(name, "expect")
         || ric_str_eq_lower(name, "content-length")
@@ -189,11 +203,11 @@ ric_upstream_request_build(ric_request_t *r, int attempt, ric_buf_t *b)
     const ric_http_refs_t *refs = &r->location->refs;
     const ric_header_set_t *h;
     const ric_header_edit_t *e;
-    ric_str_t name, v, target = upstream_target(r);
+    ric_str_t target = upstream_target(r);
     uint64_t held = ric_body_size(&r->body);
     char num[48];
-    unsigned i;
     size_t mark, value_start;
+    copy_t copy;
 
     b->len = 0;
     ric_buf_put(b, r->c->in + m->method_off, m->method_len);
@@ -210,17 +224,8 @@ ric_upstream_request_build(ric_request_t *r, int attempt, ric_buf_t *b)
         ric_buf_puts(b, r->up->conf->host_header);
         ric_buf_puts(b, "\r\n");
     }
-    for (i = 0; i < m->nfields; i++) {
-        name = ric_field_name(r->c->in, m, i);
-        if (skipped(r, name)) {
-            continue;
-        }
-        v = ric_field_value(r->c->in, m, i);
-        ric_buf_put(b, name.data, name.len);
-        ric_buf_puts(b, ": ");
-        ric_buf_put(b, v.data, v.len);
-        ric_buf_puts(b, "\r\n");
-    }
+    copy = (copy_t) { r, b };
+    ric_headers_copy(r->c->in, m, skipped, put, &copy);
     if (!replaced(r, "X-Forwarded-For")) {
         ric_buf_puts(b, "X-Forwarded-For: ");
         put_xff(r, b);

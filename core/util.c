@@ -1,4 +1,4 @@
-/* util.c: allocation wrappers, assertion failure and small string helpers. */
+/* util.c: the clocks, allocation wrappers, assertion failure and small string helpers. */
 #include "ric_core.h"
 
 #include <openssl/rand.h>
@@ -19,6 +19,22 @@ int64_t
 ric_now_ms(void)
 {
     return ric_now_us() / 1000;
+}
+
+const char *
+ric_date_now(void)
+{
+    static char date[40];
+    static time_t date_sec = -1;
+    struct tm tm;
+    time_t now = time(NULL); /* the vDSO's: no system call */
+
+    if (now != date_sec) {
+        date_sec = now;
+        gmtime_r(&now, &tm);
+        strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    }
+    return date;
 }
 
 struct timeval

@@ -4,6 +4,7 @@
 #include "access_log.h"
 #include "conn.h"
 #include "idem_store.h"
+#include "pipeline.h"
 #include "log.h"
 
 #include <errno.h>
@@ -62,7 +63,7 @@ on_accept(evutil_socket_t fd, short what, void *arg)
             }
             return;
         }
-        ric_conn_accept(w, ls, cfd, (struct sockaddr *) &ss, len);
+        ric_conn_accept(&w->conns, ls, cfd, (struct sockaddr *) &ss, len);
     }
 }
 
@@ -80,21 +81,6 @@ all_closed(void *ctx)
     event_base_loopbreak(w->base);
 }
 
-const char *
-ric_worker_date(ric_worker_t *w)
-{
-    struct timeval tv;
-    struct tm tm;
-
-    event_base_gettimeofday_cached(w->base, &tv);
-    if (tv.tv_sec != w->date_sec) {
-        w->date_sec = tv.tv_sec;
-        gmtime_r(&tv.tv_sec, &tm);
-        strftime(w->date, sizeof(w->date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    }
-    return w->date;
-}
-
 static void
 begin_graceful_shutdown(ric_worker_t *w)
 {
@@ -110,7 +96,7 @@ begin_graceful_shutdown(ric_worker_t *w)
     for (i = 0; i < w->naccept; i++) {
         close(event_get_fd(w->accept_events[i]));
     }
-    ric_conn_set_drain(&w->conns);
+    ric_conn_set_drain(&w->conns, w->conf->worker_shutdown_timeout * 9 / 10);
     if (w->conns.n == 0) {
         event_base_loopbreak(w->base);
         return;
@@ -187,6 +173,12 @@ ric_worker_run(ric_conf_t *conf)
     w->conns.emptied = all_closed;
     w->conns.ctx = w;
     w->upstreams = ric_upstream_init_all(conf, w->base);
+    w->pipeline.phases = ric_pipeline_phases;
+    w->pipeline.nphases = ric_pipeline_nphases;
+    w->pipeline.upstreams = w->upstreams;
+    w->conns.base = w->base;
+    w->conns.handler = &ric_request_conn_handler;
+    w->conns.handler_ctx = &w->pipeline;
     if (conf->http != NULL) {
         /* after fork: LMDB environments and Redis connections are per process */
         ric_idem_store_open_all(conf->http->idem_stores, w->base);

@@ -5,6 +5,7 @@
 #include "ric_core.h"
 #include "conf.h"
 #include "conn.h"
+#include "request.h"
 #include "upstream.h"
 
 #include <event2/event.h>
@@ -20,8 +21,7 @@ struct ric_worker_s {
     struct event *signals[5];
     ric_conn_set_t conns; /* every open client connection (conn.c keeps it) */
     ric_upstream_t *upstreams; /* indexed by ric_upstream_conf_t.index */
-    char date[40]; /* "Date" field value, refreshed once a second */
-    time_t date_sec;
+    ric_pipeline_t pipeline;   /* what every request is handed */
 };
 
 /* The worker of this process (one per process). */
@@ -30,8 +30,5 @@ extern ric_worker_t *ric_worker;
 /* Runs the worker loop on conf's listeners until told to stop; returns the
  * process exit code. Called in the child right after fork. */
 int ric_worker_run(ric_conf_t *conf);
-
-/* The current "Date" value (IMF-fixdate), cached per second. */
-const char *ric_worker_date(ric_worker_t *w);
 
 #endif /* RIC_WORKER_H */
