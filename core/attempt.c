@@ -615,6 +615,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     in.body_replayable = r->body_replayable;
     in.now_ms = now;
     in.deadline_ms = r->deadline_ms;
+    in.response_started = r->responding; /* an answer already under way is never taken back */
     if (class == RIC_CLASS_STATUS) {
         ra = ric_http_field(&h->resp, h->buf, "retry-after");
         if (ra.data != NULL
