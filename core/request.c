@@ -328,6 +328,7 @@ ric_request_phase_body(ric_request_t *r)
         return RIC_DONE;
     }
     if (r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM) {
+        r->body_awaited = 0; /* its wait is over: a later phase's is its own */
         return RIC_OK;
     }
     r->body_awaited = 1;

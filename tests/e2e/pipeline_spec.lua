@@ -338,3 +338,54 @@ describe("a worker at worker_connections", function()
         end
     end)
 end)
+
+-- A body that the route held while it was short and that then grew past retry_body_max streams
+-- upstream from there on, also while the idempotency phase holds its key.
+local KEYED_CONF = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    access_log logs/access.log;
+    upstream up { server {{UPSTREAM}}; retry_budget off; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        idempotency_store lmdb:{{STORE}};
+        location /s/ { retry_body_max 1k; client_max_body_size 64m; proxy_pass http://up; }
+    }
+}
+]]
+
+describe("a keyed chunked body that outgrows retry_body_max after the body phase waited", function()
+    local up, gw, dir
+
+    setup(function()
+        up = H.start_upstream()
+        dir = H.mkdtemp("grow")
+        gw = H.start_gateway({ conf = KEYED_CONF, upstream = up, vars = { STORE = dir .. "/idem.mdb" } })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+        if dir then H.rm_rf(dir) end
+    end)
+
+    it("streams the rest upstream and gets the answer (it does not stall on the store's claim)", function()
+        up:program({ default = { status = 201, body = "ok" } })
+        local c = assert(H.connect(gw.port))
+        assert(c:send("POST /s/x HTTP/1.1\r\nHost: x\r\nIdempotency-Key: grow-1\r\n"
+            .. "Transfer-Encoding: chunked\r\n\r\n64\r\n" .. ("a"):rep(100) .. "\r\n"))
+        H.sleep(0.2) -- the body phase waits for more
+        local piece = ("4000\r\n%s\r\n"):format(("b"):rep(16384))
+        for _ = 1, 128 do -- 2 MiB: far past what the upload stage holds before the client must wait
+            assert(c:send(piece, 5), ctx(gw, "the gateway stopped reading the body"))
+        end
+        assert(c:send("0\r\n\r\n", 5))
+        local resp = c:read_response({ timeout = 10 })
+        c:close()
+        assert.truthy(resp, ctx(gw))
+        assert.equal(201, resp.status)
+        local hits = up:hits()
+        assert.equal(1, #hits)
+    end)
+end)
