@@ -248,6 +248,27 @@ describe("a keyed request with a streamed body (larger than retry_body_max)", fu
 
     local function hits() return up:hits({ bodies = false }) end
 
+    it("streams a chunked body that outgrew retry_body_max after the route waited for more of it", function()
+        -- held while short, then past retry_body_max: it streams from there on, while the key is held
+        up:program({ default = { status = 201, body = "ok" } })
+        local c = assert(H.connect(gw.port))
+        assert(c:send("POST /grow HTTP/1.1\r\nHost: x\r\nIdempotency-Key: " .. new_key() .. "\r\n"
+            .. "Transfer-Encoding: chunked\r\n\r\n64\r\n" .. ("a"):rep(100) .. "\r\n"))
+        H.sleep(0.2) -- the body phase waits for more
+        local piece = ("4000\r\n%s\r\n"):format(("b"):rep(16384))
+        for _ = 1, 128 do -- 2 MiB: far past what the upload stage holds before the client must wait
+            assert(c:send(piece, 5), ctx(gw, "the gateway stopped reading the body"))
+        end
+        assert(c:send("0\r\n\r\n", 5))
+        local resp = c:read_response({ timeout = 10 })
+        c:close()
+        assert.truthy(resp, ctx(gw))
+        assert.equal(201, resp.status)
+        local h = hits()
+        assert.equal(1, #h, ctx(gw))
+        assert.equal(100 + 128 * 16384, h[1].body_len)
+    end)
+
     it("answers 422 for another chunked body under the key, and replays the same bytes in either framing", function()
         up:program({ default = { status = 200, body = '{"stored":"3k"}' } })
         local key = new_key()
