@@ -5,27 +5,6 @@
 #include <stdio.h>
 #include <unistd.h>
 
-static ric_conf_t *
-load(const char *text)
-{
-    char path[] = "/tmp/ric_test_upstream.XXXXXX", err[512];
-    int fd = mkstemp(path);
-    ric_conf_t *conf;
-
-    if (fd == -1 || write(fd, text, strlen(text)) != (ssize_t) strlen(text)) {
-        perror("mkstemp");
-        exit(1);
-    }
-    close(fd);
-    conf = ric_conf_load("/", path, err, sizeof(err));
-    unlink(path);
-    if (conf == NULL) {
-        fprintf(stderr, "%s\n", err);
-        exit(1);
-    }
-    return conf;
-}
-
 static int
 index_of(ric_upstream_t *u, ric_peer_t *p)
 {
@@ -35,7 +14,7 @@ index_of(ric_upstream_t *u, ric_peer_t *p)
 int
 main(void)
 {
-    ric_conf_t *conf = load(
+    ric_conf_t *conf = unit_conf_load(
         "http {\n"
         "  upstream w { server 127.0.0.1:1 weight=5; server 127.0.0.1:2; server 127.0.0.1:3; }\n"
         "  upstream h { server 127.0.0.1:1 max_fails=2 fail_timeout=10s;\n"

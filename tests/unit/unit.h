@@ -53,4 +53,32 @@ static const char *unit_case = "";
     (printf("%s: %d passed, %d failed\n", (suite), unit_passed, unit_failed), \
      unit_failed ? 1 : 0)
 
+#ifdef RIC_CONF_H
+#include <stdlib.h>
+#include <unistd.h>
+
+/* A config read from text, as the gateway reads its file (through a
+ * temporary one); a config that does not load ends the suite. */
+static ric_conf_t *
+unit_conf_load(const char *text)
+{
+    char path[] = "/tmp/ric_unit_conf.XXXXXX", err[512];
+    int fd = mkstemp(path);
+    ric_conf_t *conf;
+
+    if (fd == -1 || write(fd, text, strlen(text)) != (ssize_t) strlen(text)) {
+        perror("mkstemp");
+        exit(1);
+    }
+    close(fd);
+    conf = ric_conf_load("/", path, err, sizeof(err));
+    unlink(path);
+    if (conf == NULL) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    return conf;
+}
+#endif
+
 #endif /* RIC_UNIT_H */
