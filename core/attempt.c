@@ -109,7 +109,7 @@ static const ric_http1_handler_t handler = {
 /* --- setting up ------------------------------------------------------------ */
 
 /* The retry policy, the deadline and what makes this request safe to
- * repeat (DESIGN §1.1, §1.2, §4). */
+ * repeat. */
 static void
 setup(ric_request_t *r)
 {
@@ -203,23 +203,13 @@ attempts_cleanup(void *data)
     ric_request_t *r = data;
     ric_attempts_t *a = r->attempts;
 
-    if (r->end == RIC_END_CLIENT_GONE || r->end == RIC_END_SHUTDOWN) {
-        attempts_end(r, NULL, 0, RIC_RETRY_YES,
-                     r->end == RIC_END_SHUTDOWN ? "shutdown" : "client_closed");
-    }
-    /* a retry paid for whose outcome nobody will know: its token goes back */
-    if (a->current != NULL && a->current->paid > 0) {
-        ric_budget_refund(&r->up->budget, a->current->paid);
-        a->current->paid = 0;
-    }
-    if (a->paid > 0) {
-        ric_budget_refund(&r->up->budget, a->paid);
-        a->paid = 0;
-    }
+    /* the attempt under way, if the request ends under it */
+    attempts_end(r, NULL, 0, RIC_RETRY_YES,
+                 r->end == RIC_END_SHUTDOWN ? "shutdown"
+                 : r->end == RIC_END_CLIENT_GONE ? "client_closed" : NULL);
     if (r->log.upstream == NULL && (a->current != NULL || a->prev_peer != NULL)) {
         r->log.upstream = (a->current ? a->current->client.peer : a->prev_peer)->conf->addr_text;
     }
-    wait_stop(r);
     attempt_free(a->current);
     attempt_free(a->kept);
     attempt_free(a->draining);
@@ -500,9 +490,10 @@ deliver(ric_attempt_t *u)
 
 /* The one end of the attempts, whatever ends them: the decision, the
  * budget, the deadline at the end of a wait, a worker stopping, the
- * client's body breaking, the client leaving. The attempt still under way
- * is recorded as `cut` (nothing is said of its server's health: the fault
- * is not the server's). why, unless it is "retry" or final_status, is the
+ * client's body breaking, the client leaving (the finalize's cleanup). The
+ * attempt still under way is recorded as `cut` (nothing is said of its
+ * server's health: the fault is not the server's), and what the budget
+ * was paid for a retry whose outcome nobody will know goes back. why, unless it is "retry" or final_status, is the
  * request's not-retried reason: set here and nowhere else. The answer is
  * answer's response, else the last whole one kept, else the gateway's own
  * status; status 0: no answer from here (the request gives its own, or
@@ -514,8 +505,19 @@ attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reas
     ric_attempts_t *a = r->attempts;
     ric_attempt_t *kept = a->kept;
 
-    if (a->current != NULL && a->current != answer && cut != NULL) {
-        record_attempt(r, a->current, cut, 0);
+    if (a->current != NULL && a->current != answer) {
+        if (cut != NULL) {
+            record_attempt(r, a->current, cut, 0);
+        }
+        /* a retry paid for whose outcome nobody will know: its token goes back */
+        if (a->current->paid > 0) {
+            ric_budget_refund(&r->up->budget, a->current->paid);
+            a->current->paid = 0;
+        }
+    }
+    if (a->paid > 0) { /* ...and one granted for a retry that is not made */
+        ric_budget_refund(&r->up->budget, a->paid);
+        a->paid = 0;
     }
     wait_stop(r);
     if (why != RIC_RETRY_YES && why != RIC_RETRY_FINAL_STATUS) {

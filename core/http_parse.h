@@ -4,7 +4,7 @@
 
 #include "ric_core.h"
 
-/* Limits from the edge's point of view (DESIGN §1.7). */
+/* Limits from the edge's point of view. */
 #define RIC_HTTP_MAX_REQUEST_LINE (8 * 1024)   /* longer: 414 */
 #define RIC_HTTP_MAX_HEADER_BYTES (32 * 1024)  /* field section longer: 431 */
 #define RIC_HTTP_MAX_FIELDS 100                /* more fields: 431 */

@@ -110,7 +110,7 @@ struct ric_request_s {
                           * answered without an attempt) */
     int body_awaited;    /* a phase after BODY waits for the body's end */
 
-    /* replay safety and the deadline (DESIGN §1.1, §1.2) */
+    /* replay safety and the deadline */
     ric_retry_policy_t policy;
     int64_t deadline_ms;      /* monotonic */
     int64_t deadline_span_ms; /* min(retry_timeout, the client's own) */

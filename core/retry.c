@@ -207,11 +207,11 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     if (!policy->enabled || ric_retry_killed) {
         return no(RIC_RETRY_OFF);
     }
-    /* DESIGN §1.3: once a byte went to the client the request is final */
+    /* once a byte went to the client the request is final */
     if (in->response_started) {
         return no(RIC_RETRY_RESPONSE_STARTED);
     }
-    /* DESIGN §1.1: an unsafe request is repeated only when it provably
+    /* an unsafe request is repeated only when it provably
      * never reached the upstream */
     if (!in->replay_safe && in->class != RIC_CLASS_CONNECT_ERROR) {
         return no(in->key_no_contract ? RIC_RETRY_KEY_NO_CONTRACT : RIC_RETRY_UNSAFE);
@@ -230,7 +230,7 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     } else {
         d.wait_ms = ric_backoff_wait(&policy->backoff, in->attempt, rnd, ctx);
     }
-    /* DESIGN §1.2: a wait that would end at or past the deadline is not
+    /* a wait that would end at or past the deadline is not
      * taken; the client gets this answer now */
     if (in->now_ms + d.wait_ms >= in->deadline_ms) {
         return no(RIC_RETRY_DEADLINE);

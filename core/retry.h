@@ -6,7 +6,7 @@
 #include "backoff.h"
 #include "budget.h"
 
-/* Attempt outcome classes (DESIGN §2), as bits for retry_on. */
+/* Attempt outcome classes, as bits for retry_on. */
 #define RIC_CLASS_CONNECT_ERROR 0x01 /* not sent: refused, connect timeout, handshake */
 #define RIC_CLASS_RESET 0x02         /* lost after sending, before a whole response head */
 #define RIC_CLASS_TIMEOUT 0x04       /* per-try timer */
