@@ -59,7 +59,7 @@ static const char *unit_case = "";
 
 /* A config read from text, as the gateway reads its file (through a
  * temporary one); a config that does not load ends the suite. */
-static ric_conf_t *
+static inline ric_conf_t *
 unit_conf_load(const char *text)
 {
     char path[] = "/tmp/ric_unit_conf.XXXXXX", err[512];
