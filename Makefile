@@ -90,7 +90,7 @@ run: deps-run $(BUILD)/ricochet
 	@RICOCHET_BIN=$(BUILD)/ricochet sh contrib/demo/run.sh
 
 test: deps-test $(BUILD)/ricochet $(UNIT_BIN) $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/replay_%,$(FUZZ_SRC))
-	@BUILD=$(BUILD) sh tests/run
+	@BUILD=$(BUILD) RICOCHET_SANITIZED=$(SAN) sh tests/run
 
 asan:
 	$(MAKE) BUILD=build/asan SAN=1 test

@@ -1,5 +1,6 @@
 /* access_log.c: JSON access log lines: formatting, escaping, opening and reopening files. */
 #include "access_log.h"
+#include "pool.h"
 #include "log.h"
 
 #include <errno.h>
@@ -30,6 +31,21 @@ open_one(ric_access_log_t *a)
     return RIC_OK;
 }
 
+/* The configuration is freed: its log files close with it (a reload's old
+ * generation, in the master). */
+static void
+close_all(void *data)
+{
+    ric_access_log_t *a;
+
+    for (a = data; a; a = a->next) {
+        if (a->fd > 2) {
+            close(a->fd);
+        }
+        a->fd = -1;
+    }
+}
+
 int
 ric_access_log_open(ric_conf_t *conf, char *err, size_t errlen)
 {
@@ -38,6 +54,7 @@ ric_access_log_open(ric_conf_t *conf, char *err, size_t errlen)
     if (conf->http == NULL) {
         return RIC_OK;
     }
+    ric_pool_cleanup_add(conf->pool, close_all, conf->http->access_logs);
     for (a = conf->http->access_logs; a; a = a->next) {
         if (open_one(a) != RIC_OK) {
             snprintf(err, errlen, "cannot open the access log \"%s\": %s", a->path,

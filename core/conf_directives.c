@@ -1002,7 +1002,7 @@ set_script(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
         return dup;
     }
     path = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
-    s = ric_script_load(path, err, sizeof(err));
+    s = ric_script_load(cf->conf, path, err, sizeof(err));
     if (s == NULL) {
         return ric_conf_reason(cf, "cannot load script \"%s\": %s", cf->args[1], err);
     }

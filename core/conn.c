@@ -14,6 +14,7 @@
 #define CONN_IN_MAX (RIC_HTTP_MAX_REQUEST_LINE + RIC_HTTP_MAX_HEADER_BYTES + 1024)
 #define LINGER_TIMEOUT_MS 5000  /* quiet time that ends a lingering close */
 #define LINGER_TOTAL_MS 30000   /* a lingering close never lasts longer */
+#define DRAIN_IDLE_MS 1000      /* at a drain, an idle connection's last chance for a request */
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void wait_read(ric_conn_t *c, const struct timeval *tv);
@@ -493,6 +494,7 @@ ric_conn_keepalive(ric_conn_t *c)
         && c->settings->keepalive_timeout > 0
         && c->requests + 1 < c->settings->keepalive_requests
         && (c->msg.body == RIC_BODY_NONE || c->body_complete)) {
+        c->promised = 1;
         return 1;
     }
     c->close_after = 1;
@@ -617,8 +619,12 @@ static void
 request_finish(ric_conn_t *c)
 {
     c->requests++;
-    /* the idle wait follows the route that answered, not the defaults */
-    c->keepalive_timeout = c->settings->keepalive_timeout;
+    /* the idle wait follows the route that answered, not the defaults; at a
+     * drain it is the last moment a client gets for its next request */
+    c->keepalive_timeout = c->set->draining
+                               ? ric_min(c->settings->keepalive_timeout, (int64_t) DRAIN_IDLE_MS)
+                               : c->settings->keepalive_timeout;
+    c->promised = 0;
     if (c->in_used > 0 && c->in_used <= c->in_len) {
         in_discard(c, 0, c->in_used);
     }
@@ -649,7 +655,11 @@ ric_conn_request_done(ric_conn_t *c, ric_request_end_t end)
         ric_conn_close(c);
         return;
     }
-    if (end != RIC_END_ANSWERED || !ric_conn_keepalive(c)) {
+    /* a head that promised the connection stays open is kept to, also when
+     * a drain began meanwhile: the client may be sending its next request
+     * already (it gets an answer with Connection: close) */
+    if (end != RIC_END_ANSWERED
+        || !(c->promised && !c->close_after ? 1 : ric_conn_keepalive(c))) {
         if (unread_input(c)) {
             start_linger(c);
         } else {
@@ -789,7 +799,9 @@ ric_conn_shutdown(ric_conn_t *c)
 {
     ssize_t n;
 
-    c->close_after = 1;
+    if (!c->promised) {
+        c->close_after = 1; /* the answer being made says so */
+    }
     if (c->state == RIC_CONN_HANDSHAKE) {
         ric_conn_close(c); /* no request yet: as an idle connection */
         return;
@@ -812,7 +824,16 @@ ric_conn_shutdown(ric_conn_t *c)
         conn_run(c);
         return;
     }
-    ric_conn_close(c);
+    if (n == 0 || n == RIC_ERROR) {
+        ric_conn_close(c);
+        return;
+    }
+    /* a keep-alive client may be sending its next request right now: a
+     * close would lose it. It gets a moment: a request that comes is
+     * answered (with Connection: close), silence closes the connection */
+    c->keepalive_timeout = ric_min(c->keepalive_timeout, (int64_t) DRAIN_IDLE_MS);
+    c->read_deadline = ric_min(c->read_deadline, ric_now_ms() + DRAIN_IDLE_MS);
+    conn_run(c);
 }
 
 /* --- events ---------------------------------------------------------------- */
@@ -888,8 +909,8 @@ on_head_read(ric_conn_t *c, short what)
     ssize_t n;
 
     if (what & EV_TIMEOUT) {
-        if (c->in_len == 0 && c->requests > 0) {
-            ric_conn_close(c); /* idle keep-alive connection */
+        if (c->in_len == 0 && (c->requests > 0 || c->set->draining)) {
+            ric_conn_close(c); /* idle keep-alive connection, or a silent one at a drain */
             return;
         }
         ric_log_error(RIC_LOG_INFO, 0, "client timed out (408) while reading the request head, "

@@ -118,6 +118,7 @@ struct ric_conn_s {
     size_t out_sent;
     uint64_t response_bytes; /* of the current answer that went out */
     int close_after;         /* close once the current answer is written */
+    int promised;            /* the current answer's head said the connection stays open */
 
     int running;           /* entries on the stack */
     int closed;            /* closed; freed when running drops to 0 */

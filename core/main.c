@@ -241,40 +241,21 @@ main(int argc, char **argv)
     if (apply_kill_switch()) {
         ric_log_error(RIC_LOG_NOTICE, 0, "RICOCHET_NO_RETRY=1: every retry is off");
     }
-    if (ric_idem_store_recover_all(conf, 0, err, sizeof(err)) != RIC_OK) {
-        ric_log_error(RIC_LOG_EMERG, 0, "%s", err);
-        fprintf(stderr, "ricochet: %s\n", err);
-        ric_conf_free(conf);
-        return 1;
-    }
-    if (ric_access_log_open(conf, err, sizeof(err)) != RIC_OK) {
-        fprintf(stderr, "ricochet: %s\n", err);
-        ric_conf_free(conf);
-        return 1;
-    }
-    if (ric_process_bind(conf) != RIC_OK) {
-        ric_conf_free(conf);
-        return 1;
-    }
-    /* cross-worker state: made before the first fork, so every worker and
-     * every replacement sees the same budgets and health */
-    zone = ric_shm_create(ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf)
-                          + ric_script_zone_size());
+    /* cross-worker state: made before the first fork, so every worker, every
+     * replacement and every later generation sees the same budgets and health */
+    zone = ric_shm_create(ric_process_zone_size(conf));
     if (zone == NULL) {
         fprintf(stderr, "ricochet: cannot map the shared memory zone: %s\n", strerror(errno));
         ric_conf_free(conf);
         return 1;
     }
-    if (ric_upstream_share(conf, zone, err, sizeof(err)) != RIC_OK
-        || ric_idem_store_share(conf, zone, err, sizeof(err)) != RIC_OK
-        || ric_shared_dict_share(conf, zone, err, sizeof(err)) != RIC_OK
-        || ric_script_share(zone, err, sizeof(err)) != RIC_OK) {
-        fprintf(stderr, "ricochet: %s\n", err);
+    if (ric_process_generation(conf, zone, err, sizeof(err)) != RIC_OK) {
+        ric_log_error(RIC_LOG_EMERG, 0, "%s", err); /* on stderr too, at start-up */
         ric_shm_destroy(zone);
         ric_conf_free(conf);
         return 1;
     }
-    rc = ric_process_master(conf);
+    rc = ric_process_master(&conf, prefix, file, zone);
     ric_conf_free(conf);
     ric_shm_destroy(zone);
     return rc;

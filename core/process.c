@@ -1,7 +1,13 @@
 /* process.c: the master: binds listeners, forks workers, replaces dead ones, handles signals. */
 #include "io.h"
 #include "process.h"
+#include "access_log.h"
+#include "idem_store.h"
 #include "log.h"
+#include "script.h"
+#include "shared_dict.h"
+#include "shm.h"
+#include "upstream.h"
 #include "worker.h"
 
 #include <errno.h>
@@ -19,11 +25,13 @@
 #define LISTEN_BACKLOG 511
 #define RESPAWN_MIN_INTERVAL_MS 1000 /* a worker that keeps dying restarts at most this often */
 #define FAST_STOP_GRACE_MS 5000      /* after SIGTERM, workers get this long before SIGKILL */
+#define RELOAD_START_MS 30000        /* a new generation's workers must be serving by then */
 
 typedef struct {
     pid_t pid;          /* 0: the slot is empty */
     int64_t started_ms;
     int64_t respawn_at; /* when an empty slot is to be filled; 0: now */
+    int ready;          /* it said it serves (RIC_SIG_WORKER_READY) */
 } worker_slot_t;
 
 /* A listening socket: the master's, by address, whatever config uses it,
@@ -53,20 +61,27 @@ socket_find(const struct sockaddr_storage *addr, socklen_t addrlen)
 }
 
 static int
-socket_open(const ric_listener_t *ls)
+socket_open(const ric_listener_t *ls, char *err, size_t errlen)
 {
     const char *what;
     int fd = ric_io_listen((const struct sockaddr *) &ls->addr, ls->addrlen, LISTEN_BACKLOG, &what);
 
     if (fd == -1) {
-        ric_log_error(RIC_LOG_EMERG, errno, "%s() %s %s failed", what,
-                      what[0] == 's' ? "for" : what[0] == 'b' ? "to" : "on", ls->text);
+        snprintf(err, errlen, "%s:%d: %s() %s %s failed (%s)", ls->listens->file, ls->listens->line, what,
+                 what[0] == 's' ? "for" : what[0] == 'b' ? "to" : "on", ls->text,
+                 strerror(errno));
     }
     return fd;
 }
 
-int
-ric_process_bind(ric_conf_t *conf)
+/* Gives every listener of conf its socket (ls->fd): the master's open one
+ * for that address, or a newly bound one. The sockets belong to the
+ * master, not to conf, so a later generation keeps them: a socket is
+ * never closed and bound again while it listens, and no connection
+ * waiting in its queue is lost. RIC_OK, or RIC_ERROR with err (sockets
+ * this call opened are closed). */
+static int
+process_bind(ric_conf_t *conf, char *err, size_t errlen)
 {
     listen_socket_t *s, *known = sockets;
     ric_listener_t *ls;
@@ -75,7 +90,7 @@ ric_process_bind(ric_conf_t *conf)
     for (ls = conf->listeners; ls; ls = ls->next) {
         s = socket_find(&ls->addr, ls->addrlen);
         if (s == NULL) {
-            fd = socket_open(ls);
+            fd = socket_open(ls, err, errlen);
             if (fd == -1) {
                 goto failed;
             }
@@ -104,6 +119,54 @@ failed:
     return RIC_ERROR;
 }
 
+/* The sockets no listener of conf uses are closed (a reload removed their
+ * address: the workers that still accept on them have their own copy). */
+static void
+close_unused(const ric_conf_t *conf)
+{
+    listen_socket_t **sp = &sockets, *s;
+    const ric_listener_t *ls;
+
+    while ((s = *sp) != NULL) {
+        for (ls = conf->listeners; ls && ls->fd != s->fd; ls = ls->next) {
+        }
+        if (ls == NULL) {
+            *sp = s->next;
+            close(s->fd);
+            free(s);
+        } else {
+            sp = &s->next;
+        }
+    }
+}
+
+int
+ric_process_generation(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
+{
+    if (ric_idem_store_recover_all(conf, 0, err, errlen) != RIC_OK
+        || ric_access_log_open(conf, err, errlen) != RIC_OK
+        || process_bind(conf, err, errlen) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    if (ric_upstream_share(conf, zone, err, errlen) != RIC_OK
+        || ric_idem_store_share(conf, zone, err, errlen) != RIC_OK
+        || ric_shared_dict_share(conf, zone, err, errlen) != RIC_OK
+        || ric_script_share(conf, zone, err, errlen) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    return RIC_OK;
+}
+
+size_t
+ric_process_zone_size(const ric_conf_t *conf)
+{
+    size_t need = ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf)
+                  + ric_script_zone_size(conf);
+
+    /* room for what reloads add (untouched pages cost no memory) */
+    return need * 4 + ((size_t) 4 << 20);
+}
+
 static void
 close_listeners(void)
 {
@@ -126,10 +189,11 @@ master_signals(sigset_t *set)
     sigaddset(set, SIGQUIT);
     sigaddset(set, SIGHUP);
     sigaddset(set, SIGUSR1);
+    sigaddset(set, RIC_SIG_WORKER_READY);
 }
 
 static pid_t
-spawn_worker(ric_conf_t *conf, worker_slot_t *slot)
+spawn_worker(ric_conf_t *conf, worker_slot_t *slot, ric_log_t *log)
 {
     sigset_t set;
     pid_t master = getpid(), pid;
@@ -144,6 +208,9 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot)
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != master) {
             _exit(0);
+        }
+        if (log != NULL) {
+            ric_log_use(log); /* its generation's error log */
         }
         signal(SIGHUP, SIG_IGN);
         signal(SIGPIPE, SIG_IGN);
@@ -179,41 +246,6 @@ workers_alive(worker_slot_t *slots, int n)
         alive += slots[i].pid > 0;
     }
     return alive;
-}
-
-static void
-reap_workers(worker_slot_t *slots, int n, int stopping)
-{
-    pid_t pid;
-    int status, i;
-    int64_t now;
-
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (i = 0; i < n && slots[i].pid != pid; i++) {
-        }
-        if (i == n) {
-            continue;
-        }
-        slots[i].pid = 0;
-        if (stopping && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-            ric_log_error(RIC_LOG_NOTICE, 0, "worker process %d exited", (int) pid);
-            continue;
-        }
-        if (WIFSIGNALED(status)) {
-            ric_log_error(RIC_LOG_ALERT, 0, "worker process %d exited on signal %d",
-                          (int) pid, WTERMSIG(status));
-        } else {
-            ric_log_error(RIC_LOG_ALERT, 0, "worker process %d exited with code %d",
-                          (int) pid, WEXITSTATUS(status));
-        }
-        if (stopping) {
-            continue;
-        }
-        now = ric_now_ms();
-        slots[i].respawn_at = now - slots[i].started_ms < RESPAWN_MIN_INTERVAL_MS
-                                  ? slots[i].started_ms + RESPAWN_MIN_INTERVAL_MS
-                                  : now;
-    }
 }
 
 static int
@@ -265,104 +297,481 @@ daemonize(void)
     return RIC_OK;
 }
 
+/* The master's workers: the generation serving, one starting (a reload
+ * under way), and older ones draining. */
+typedef struct {
+    ric_conf_t *conf;          /* the generation serving */
+    unsigned gen;
+    worker_slot_t *slots;      /* its workers */
+    int n;
+    ric_conf_t *next_conf;     /* a reload's, until its workers all serve */
+    ric_log_t next_log;        /* ...its error log, when it names another one */
+    int next_log_open;
+    worker_slot_t *next;
+    int next_n;
+    int64_t next_deadline;
+    pid_t asker;               /* a `ricochet -s reload` waiting for the outcome */
+    pid_t *draining;           /* workers of older generations, finishing */
+    int ndraining, draining_cap;
+    const char *prefix, *file; /* as the command line gave them, to read the config again */
+    ric_shm_t *zone;
+} master_t;
+
+static void
+drain_add(master_t *m, pid_t pid)
+{
+    if (m->ndraining == m->draining_cap) {
+        m->draining_cap = m->draining_cap ? m->draining_cap * 2 : 8;
+        m->draining = ric_xrealloc(m->draining, (size_t) m->draining_cap * sizeof(pid_t));
+    }
+    m->draining[m->ndraining++] = pid;
+}
+
+/* Tells the -s reload that asked how its reload went: a line in
+ * PIDFILE.reload, then RIC_SIG_RELOADED (value 0: serving). */
+static void
+reload_reply(master_t *m, int ok, const char *line)
+{
+    char path[4200], tmp[4210];
+    union sigval v;
+    int fd;
+    ssize_t w;
+
+    if (m->asker <= 0) {
+        return;
+    }
+    if (m->conf->pid_path != NULL && strcmp(m->conf->pid_path, "off") != 0) {
+        snprintf(path, sizeof(path), "%s.reload", m->conf->pid_path);
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd != -1) {
+            w = write(fd, line, strlen(line));
+            close(fd);
+            if (w == (ssize_t) strlen(line)) {
+                rename(tmp, path);
+            }
+        }
+    }
+    v.sival_int = ok ? 0 : 1;
+    sigqueue(m->asker, RIC_SIG_RELOADED, v);
+    m->asker = 0;
+}
+
+static void
+reload_fail(master_t *m, const char *reason)
+{
+    char line[1200];
+
+    snprintf(line, sizeof(line), "reload refused: %s; configuration generation %u keeps serving",
+             reason, m->gen);
+    ric_log_error(RIC_LOG_ERR, 0, "%s", line);
+    reload_reply(m, 0, line);
+}
+
+/* A reload: the config read again and checked as -t does, its listeners
+ * bound (those it shares with the running one are the same sockets), its
+ * shared state found by name, and its workers started beside the running
+ * ones. Any error leaves the running generation as it was. */
+static void
+reload_begin(master_t *m, pid_t asker)
+{
+    char err[1024];
+    ric_conf_t *c;
+    int i;
+
+    if (m->next_n > 0) {
+        if (asker > 0 && m->asker <= 0) {
+            m->asker = asker; /* told with the one under way */
+        }
+        return;
+    }
+    m->asker = asker;
+    ric_log_error(RIC_LOG_NOTICE, 0, "reloading the configuration");
+    c = ric_conf_load(m->prefix, m->file, err, sizeof(err));
+    if (c == NULL) {
+        reload_fail(m, err);
+        return;
+    }
+    if (ric_process_generation(c, m->zone, err, sizeof(err)) != RIC_OK) {
+        ric_conf_free(c);
+        close_unused(m->conf); /* what this generation alone had bound */
+        reload_fail(m, err);
+        return;
+    }
+    m->next_log_open = 0;
+    if (strcmp(c->error_log, ric_log->path ? ric_log->path : "stderr") != 0
+        || c->error_log_level != ric_log->level) {
+        if (ric_log_open(&m->next_log, c->error_log, (int) c->error_log_level) != RIC_OK) {
+            snprintf(err, sizeof(err), "cannot open the error log \"%s\": %s", c->error_log,
+                     strerror(errno));
+            ric_conf_free(c);
+            close_unused(m->conf);
+            reload_fail(m, err);
+            return;
+        }
+        m->next_log_open = 1;
+    }
+    m->next_conf = c;
+    m->next_n = (int) c->worker_processes;
+    m->next = ric_xcalloc((size_t) m->next_n, sizeof(worker_slot_t));
+    m->next_deadline = ric_now_ms() + RELOAD_START_MS;
+    for (i = 0; i < m->next_n; i++) {
+        spawn_worker(c, &m->next[i], m->next_log_open ? &m->next_log : NULL);
+    }
+}
+
+/* The starting generation failed: its workers go, the running one stays. */
+static void
+reload_abort(master_t *m, const char *reason)
+{
+    int i;
+
+    for (i = 0; i < m->next_n; i++) {
+        if (m->next[i].pid > 0) {
+            kill(m->next[i].pid, SIGKILL);
+            drain_add(m, m->next[i].pid);
+        }
+    }
+    free(m->next);
+    m->next = NULL;
+    m->next_n = 0;
+    ric_conf_free(m->next_conf);
+    m->next_conf = NULL;
+    if (m->next_log_open) {
+        if (m->next_log.fd > 2) {
+            close(m->next_log.fd);
+        }
+        free(m->next_log.path);
+        m->next_log_open = 0;
+    }
+    close_unused(m->conf);
+    reload_fail(m, reason);
+}
+
+/* Every worker of the starting generation serves: it takes over, the old
+ * one stops accepting, finishes what it has and exits. */
+static void
+reload_check(master_t *m, int64_t now)
+{
+    char line[256];
+    int i, ready = 0;
+
+    if (m->next_n == 0) {
+        return;
+    }
+    for (i = 0; i < m->next_n; i++) {
+        ready += m->next[i].ready;
+    }
+    if (ready < m->next_n) {
+        if (now >= m->next_deadline) {
+            reload_abort(m, "the new workers did not start serving in time");
+        }
+        return;
+    }
+    for (i = 0; i < m->n; i++) {
+        if (m->slots[i].pid > 0) {
+            kill(m->slots[i].pid, SIGQUIT);
+            drain_add(m, m->slots[i].pid);
+        }
+    }
+    free(m->slots);
+    ric_conf_free(m->conf);
+    if (m->next_log_open) {
+        ric_log_use(&m->next_log); /* the old one closes */
+        m->next_log_open = 0;
+    }
+    m->conf = m->next_conf;
+    m->slots = m->next;
+    m->n = m->next_n;
+    m->next_conf = NULL;
+    m->next = NULL;
+    m->next_n = 0;
+    m->gen++;
+    close_unused(m->conf);
+    snprintf(line, sizeof(line), "configuration generation %u serving: %d worker%s", m->gen, m->n,
+             m->n == 1 ? "" : "s");
+    ric_log_error(RIC_LOG_NOTICE, 0, "%s", line);
+    reload_reply(m, 1, line);
+}
+
+static worker_slot_t *
+slot_of(worker_slot_t *slots, int n, pid_t pid)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        if (slots[i].pid == pid) {
+            return &slots[i];
+        }
+    }
+    return NULL;
+}
+
+static void
+why_exited(pid_t pid, int status, const char *whose)
+{
+    if (WIFSIGNALED(status)) {
+        ric_log_error(RIC_LOG_ALERT, 0, "%sworker process %d exited on signal %d", whose,
+                      (int) pid, WTERMSIG(status));
+    } else {
+        ric_log_error(RIC_LOG_ALERT, 0, "%sworker process %d exited with code %d", whose,
+                      (int) pid, WEXITSTATUS(status));
+    }
+}
+
+static void
+master_reap(master_t *m, int stopping)
+{
+    worker_slot_t *slot;
+    pid_t pid;
+    int status, i;
+    int64_t now;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (i = 0; i < m->ndraining && m->draining[i] != pid; i++) {
+        }
+        if (i < m->ndraining) {
+            m->draining[i] = m->draining[--m->ndraining];
+            ric_log_error(RIC_LOG_NOTICE, 0, "worker process %d of an older generation exited",
+                          (int) pid);
+            continue;
+        }
+        if ((slot = slot_of(m->next, m->next_n, pid)) != NULL) {
+            slot->pid = 0;
+            why_exited(pid, status, "a new generation's ");
+            reload_abort(m, "a worker of the new configuration exited before it served");
+            continue;
+        }
+        if ((slot = slot_of(m->slots, m->n, pid)) == NULL) {
+            continue;
+        }
+        slot->pid = 0;
+        slot->ready = 0;
+        if (stopping && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            ric_log_error(RIC_LOG_NOTICE, 0, "worker process %d exited", (int) pid);
+            continue;
+        }
+        why_exited(pid, status, "");
+        if (stopping) {
+            continue;
+        }
+        now = ric_now_ms();
+        slot->respawn_at = now - slot->started_ms < RESPAWN_MIN_INTERVAL_MS
+                               ? slot->started_ms + RESPAWN_MIN_INTERVAL_MS
+                               : now;
+    }
+}
+
+static void
+master_signal_all(master_t *m, int sig)
+{
+    int i;
+
+    signal_workers(m->slots, m->n, sig);
+    signal_workers(m->next, m->next_n, sig);
+    for (i = 0; i < m->ndraining; i++) {
+        kill(m->draining[i], sig);
+    }
+}
+
+static int
+master_alive(const master_t *m)
+{
+    return workers_alive(m->slots, m->n) + workers_alive(m->next, m->next_n) + m->ndraining;
+}
+
+static void
+mark_ready(master_t *m, pid_t pid)
+{
+    worker_slot_t *slot = slot_of(m->next, m->next_n, pid);
+
+    if (slot == NULL) {
+        slot = slot_of(m->slots, m->n, pid);
+    }
+    if (slot != NULL) {
+        slot->ready = 1;
+    }
+}
+
 int
-ric_process_master(ric_conf_t *conf)
+ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric_shm_t *zone)
 {
     enum { RUNNING, STOP_FAST, STOP_GRACEFUL } stopping = RUNNING;
-    int n = (int) conf->worker_processes, i, sig, has_pid = strcmp(conf->pid_path, "off") != 0;
-    worker_slot_t *slots = ric_xcalloc((size_t) n, sizeof(*slots));
+    ric_conf_t *conf = *confp;
+    master_t m = { .conf = conf, .gen = 1, .prefix = prefix, .file = file, .zone = zone };
+    int i, sig, has_pid = strcmp(conf->pid_path, "off") != 0;
+    char pid_path[4096];
     int64_t now, kill_at = 0, wake;
     struct timespec ts;
     sigset_t set;
     siginfo_t info;
 
+    m.n = (int) conf->worker_processes;
+    m.slots = ric_xcalloc((size_t) m.n, sizeof(worker_slot_t));
+    snprintf(pid_path, sizeof(pid_path), "%s", conf->pid_path);
     master_signals(&set);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     if (conf->daemon && daemonize() != RIC_OK) {
-        free(slots);
+        free(m.slots);
         return 1;
     }
-    if (has_pid && write_pid_file(conf->pid_path) != RIC_OK) {
-        free(slots);
+    if (has_pid && write_pid_file(pid_path) != RIC_OK) {
+        free(m.slots);
         return 1;
     }
     ric_log_stderr_too = 0; /* start-up is over: the error log alone from here */
-    for (i = 0; i < n; i++) {
-        spawn_worker(conf, &slots[i]);
+    for (i = 0; i < m.n; i++) {
+        spawn_worker(conf, &m.slots[i], NULL);
     }
     ric_log_error(RIC_LOG_NOTICE, 0, "ricochet/%s started: master %d, %d worker%s", RIC_VERSION,
-                  (int) getpid(), n, n == 1 ? "" : "s");
+                  (int) getpid(), m.n, m.n == 1 ? "" : "s");
 
     for (;;) {
         now = ric_now_ms();
         wake = now + 1000;
-        for (i = 0; i < n && stopping == RUNNING; i++) {
-            if (slots[i].pid == 0) {
-                if (slots[i].respawn_at <= now) {
-                    spawn_worker(conf, &slots[i]);
+        for (i = 0; i < m.n && stopping == RUNNING; i++) {
+            if (m.slots[i].pid == 0) {
+                if (m.slots[i].respawn_at <= now) {
+                    spawn_worker(m.conf, &m.slots[i], NULL);
                 } else {
-                    wake = ric_min(wake, slots[i].respawn_at);
+                    wake = ric_min(wake, m.slots[i].respawn_at);
                 }
             }
         }
-        if (stopping != RUNNING) {
-            if (workers_alive(slots, n) == 0) {
+        if (stopping == RUNNING) {
+            reload_check(&m, now);
+            if (m.next_n > 0) {
+                wake = ric_min(wake, m.next_deadline);
+            }
+        } else {
+            if (master_alive(&m) == 0) {
                 break;
             }
             if (now >= kill_at) {
                 ric_log_error(RIC_LOG_WARN, 0, "workers did not stop in time: killing them");
-                signal_workers(slots, n, SIGKILL);
+                master_signal_all(&m, SIGKILL);
                 kill_at = now + 1000;
             }
             wake = ric_min(wake, kill_at);
         }
 
+        wake = ric_max(wake, now);
         ts.tv_sec = (time_t) ((wake - now) / 1000);
         ts.tv_nsec = (long) ((wake - now) % 1000) * 1000000;
         sig = sigtimedwait(&set, &info, &ts);
+        if (sig == RIC_SIG_WORKER_READY) {
+            mark_ready(&m, info.si_pid);
+            continue;
+        }
         switch (sig) {
         case SIGCHLD:
-            reap_workers(slots, n, stopping != RUNNING);
+            master_reap(&m, stopping != RUNNING);
             break;
         case SIGTERM:
         case SIGINT:
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, stopping", sig);
+            if (m.next_n > 0) {
+                reload_abort(&m, "the master is stopping");
+            }
             stopping = STOP_FAST;
-            signal_workers(slots, n, SIGTERM);
+            master_signal_all(&m, SIGTERM);
             kill_at = ric_now_ms() + FAST_STOP_GRACE_MS;
             break;
         case SIGQUIT:
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, shutting down gracefully",
                           sig);
+            if (m.next_n > 0) {
+                reload_abort(&m, "the master is shutting down");
+            }
             if (stopping == RUNNING) {
                 stopping = STOP_GRACEFUL;
-                kill_at = ric_now_ms() + conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
+                kill_at = ric_now_ms() + m.conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
                 /* new clients are refused at once and can go elsewhere,
                  * instead of waiting in a backlog nobody will accept */
                 close_listeners();
             }
-            signal_workers(slots, n, SIGQUIT);
+            master_signal_all(&m, SIGQUIT);
             break;
         case SIGHUP:
-            ric_log_error(RIC_LOG_NOTICE, 0, "SIGHUP received: configuration reload is not "
-                          "available in this version; the running configuration stays");
+            if (stopping == RUNNING) {
+                /* a -s reload says who it is, and waits for the outcome */
+                reload_begin(&m, info.si_code == SI_QUEUE
+                                     && info.si_value.sival_int == RIC_RELOAD_ASK
+                                     ? info.si_pid : 0);
+            }
             break;
         case SIGUSR1:
             ric_log_reopen();
             ric_log_error(RIC_LOG_NOTICE, 0, "reopened the error log; telling the workers");
-            signal_workers(slots, n, SIGUSR1);
+            master_signal_all(&m, SIGUSR1);
             break;
         }
     }
 
     if (has_pid) {
-        unlink(conf->pid_path);
+        unlink(pid_path);
     }
     ric_log_error(RIC_LOG_NOTICE, 0, "exit");
-    free(slots);
+    free(m.slots);
+    free(m.draining);
+    *confp = m.conf;
     return 0;
+}
+
+/* -s reload: SIGHUP, queued with RIC_RELOAD_ASK, then the master's word. */
+static int
+reload_and_wait(const ric_conf_t *conf, pid_t pid)
+{
+    char path[4200], line[1400];
+    union sigval v;
+    sigset_t set;
+    siginfo_t info;
+    struct timespec ts;
+    int64_t deadline = ric_now_ms() + RIC_RELOAD_WAIT_MS, left;
+    ssize_t n;
+    int fd, sig;
+
+    snprintf(path, sizeof(path), "%s.reload", conf->pid_path);
+    unlink(path);
+    sigemptyset(&set);
+    sigaddset(&set, RIC_SIG_RELOADED);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    v.sival_int = RIC_RELOAD_ASK;
+    if (sigqueue(pid, SIGHUP, v) == -1) {
+        fprintf(stderr, "ricochet: cannot signal the master %ld: %s\n", (long) pid,
+                strerror(errno));
+        return 1;
+    }
+    for (;;) {
+        left = deadline - ric_now_ms();
+        if (left <= 0) {
+            fprintf(stderr, "ricochet: the master %ld did not say within %d s whether the reload "
+                    "took; see its error log\n", (long) pid, RIC_RELOAD_WAIT_MS / 1000);
+            return 1;
+        }
+        ts.tv_sec = (time_t) (left / 1000);
+        ts.tv_nsec = (long) (left % 1000) * 1000000;
+        sig = sigtimedwait(&set, &info, &ts);
+        if (sig == RIC_SIG_RELOADED && info.si_pid == pid) {
+            break;
+        }
+    }
+    line[0] = '\0';
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd != -1) {
+        n = read(fd, line, sizeof(line) - 1);
+        line[n > 0 ? n : 0] = '\0';
+        close(fd);
+        unlink(path);
+    }
+    if (info.si_value.sival_int == 0) {
+        printf("ricochet: %s\n", line[0] ? line : "reloaded");
+        return 0;
+    }
+    fprintf(stderr, "ricochet: %s\n", line[0] ? line : "reload refused; see the error log");
+    return 1;
 }
 
 int
@@ -380,12 +789,8 @@ ric_process_signal(ric_conf_t *conf, const char *name)
     for (i = 0; i < ric_nelems(names) && strcmp(names[i].name, name) != 0; i++) {
     }
     if (i == ric_nelems(names)) {
-        fprintf(stderr, "ricochet: invalid option: \"-s %s\"; expected stop, quit or reopen\n",
-                name);
-        return 1;
-    }
-    if (strcmp(name, "reload") == 0) {
-        fprintf(stderr, "ricochet: reload is not available in this version\n");
+        fprintf(stderr, "ricochet: invalid option: \"-s %s\"; expected stop, quit, reopen or "
+                "reload\n", name);
         return 1;
     }
     if (strcmp(conf->pid_path, "off") == 0) {
@@ -406,6 +811,14 @@ ric_process_signal(ric_conf_t *conf, const char *name)
     if (pid <= 0) {
         fprintf(stderr, "ricochet: invalid pid in \"%s\"\n", conf->pid_path);
         return 1;
+    }
+    if (kill((pid_t) pid, 0) == -1 && errno == ESRCH) {
+        fprintf(stderr, "ricochet: no master runs: the pid file \"%s\" names %ld, which is not "
+                "running (a stale pid file)\n", conf->pid_path, pid);
+        return 1;
+    }
+    if (names[i].sig == SIGHUP) {
+        return reload_and_wait(conf, (pid_t) pid);
     }
     if (kill((pid_t) pid, names[i].sig) == -1) {
         fprintf(stderr, "ricochet: kill(%ld, %s) failed: %s\n", pid, name, strerror(errno));

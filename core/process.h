@@ -5,19 +5,42 @@
 #include "ric_core.h"
 #include "conf.h"
 
-/* Gives every listener of conf its socket (ls->fd): the master's open one
- * for that address, or a newly bound one. The sockets belong to the
- * master, not to conf, so a later configuration can keep them. Returns
- * RIC_OK, or RIC_ERROR after logging which address failed; sockets this
- * call opened are closed. */
-int ric_process_bind(ric_conf_t *conf);
+#include <signal.h>
+
+struct ric_shm_s;
+
+/* A `ricochet -s reload` queues SIGHUP with this value, so that the master
+ * knows whom to tell the outcome: RIC_SIG_RELOADED (value 0: the new
+ * generation serves; 1: refused), with the line in PIDFILE.reload. */
+#define RIC_RELOAD_ASK 0x52454c44
+#define RIC_SIG_RELOADED (SIGRTMIN + 2)
+#define RIC_RELOAD_WAIT_MS 60000 /* how long -s reload waits for it */
+
+/* Makes conf a generation the master can run: checks its idempotency
+ * stores (as -t does), opens its access logs, gives every listener its
+ * socket (the master's open one for the address, or a newly bound one:
+ * the sockets belong to the master, so a generation that keeps an
+ * address keeps its socket and the connections waiting in its queue), and
+ * finds its shared state in zone by name (a budget whose rule did not
+ * change keeps its tokens, a server its health). RIC_OK, or RIC_ERROR with
+ * "FILE:LINE: reason" in err. */
+int ric_process_generation(ric_conf_t *conf, struct ric_shm_s *zone, char *err, size_t errlen);
+
+/* The size of the shared zone for conf, with room for what reloads add. */
+size_t ric_process_zone_size(const ric_conf_t *conf);
 
 /* Runs the master: writes the pid file, forks the workers, restarts those
- * that die, and handles signals until told to stop. Returns the exit code. */
-int ric_process_master(ric_conf_t *conf);
+ * that die, reloads on SIGHUP (reading prefix and file again, as the
+ * command line gave them; a new generation of workers takes over once it
+ * serves, the old one drains), and handles signals until told to stop.
+ * *confp is the generation serving at the end. Returns the exit code. */
+int ric_process_master(ric_conf_t **confp, const char *prefix, const char *file,
+                       struct ric_shm_s *zone);
 
 /* Sends the signal named by name (stop, quit, reopen, reload) to the master
- * whose pid file conf names. Returns the exit code; prints errors. */
+ * whose pid file conf names. For reload, waits (RIC_RELOAD_WAIT_MS) for the
+ * outcome and prints it: 0 when the new generation serves, 1 when it was
+ * refused (the reason). Returns the exit code; prints errors. */
 int ric_process_signal(ric_conf_t *conf, const char *name);
 
 #endif /* RIC_PROCESS_H */

@@ -1,5 +1,7 @@
 /* script.c: route scripts: one LuaJIT state per script, loading at config time, bounded hook calls. */
 #include "script.h"
+#include "conf.h"
+#include "pool.h"
 #include "shm.h"
 #include "attempt.h"
 #include "headers.h"
@@ -46,7 +48,7 @@ typedef struct ric_script_state_s {
 } state_t;
 
 static state_t *cur;
-static ric_script_t *scripts;
+static ric_script_t *scripts; /* of every configuration alive in this process */
 
 #define L (cur->lua)
 #define ref_traceback (cur->ref_traceback)
@@ -224,23 +226,49 @@ load_bundled(const char *src, const char *name, char *err, size_t errlen)
     return RIC_OK;
 }
 
+static void
+script_free(ric_script_t *s)
+{
+    if (s->state != NULL && s->state->lua != NULL) {
+        lua_close(s->state->lua);
+    }
+    if (cur == s->state) {
+        cur = NULL;
+    }
+    free(s->state);
+    free(s->path);
+    free(s);
+}
+
+/* A configuration is freed: its scripts' states go with it (a reload's
+ * old generation in the master, or a configuration that did not load). */
+static void
+scripts_free(void *data)
+{
+    const ric_conf_t *conf = data;
+    ric_script_t **sp = &scripts, *s;
+
+    while ((s = *sp) != NULL) {
+        if (s->conf == conf) {
+            *sp = s->next;
+            script_free(s);
+        } else {
+            sp = &s->next;
+        }
+    }
+}
+
 /* At exit, in every process that has a copy: Lua libraries (cjson) free
  * what they hold only when the state closes. */
 static void
 state_close(void)
 {
-    ric_script_t *s, *next;
+    ric_script_t *s;
 
-    for (s = scripts; s; s = next) {
-        next = s->next;
-        if (s->state != NULL && s->state->lua != NULL) {
-            lua_close(s->state->lua);
-        }
-        free(s->state);
-        free(s->path);
-        free(s);
+    while ((s = scripts) != NULL) {
+        scripts = s->next;
+        script_free(s);
     }
-    scripts = NULL;
     cur = NULL;
 }
 
@@ -372,14 +400,16 @@ load_hooks(const char *path, ric_script_t *s, char *err, size_t errlen)
 }
 
 ric_script_t *
-ric_script_load(const char *path, char *err, size_t errlen)
+ric_script_load(ric_conf_t *conf, const char *path, char *err, size_t errlen)
 {
     ric_script_t *s;
+    int first = 1;
 
     for (s = scripts; s; s = s->next) {
-        if (strcmp(s->path, path) == 0) {
-            return s;
+        if (s->conf == conf && strcmp(s->path, path) == 0) {
+            return s; /* several locations of one configuration share it */
         }
+        first = first && s->conf != conf;
     }
     s = ric_xcalloc(1, sizeof(*s));
     s->state = ric_xcalloc(1, sizeof(*s->state));
@@ -395,9 +425,13 @@ ric_script_load(const char *path, char *err, size_t errlen)
         return NULL;
     }
     s->path = ric_xstrdup(path);
+    s->conf = conf;
     s->has_on_log = s->ref_on_log != LUA_NOREF;
     s->next = scripts;
     scripts = s;
+    if (first) {
+        ric_pool_cleanup_add(conf->pool, scripts_free, conf);
+    }
     return s;
 }
 
@@ -501,25 +535,28 @@ hook_where(int ref, char *buf, size_t size)
 }
 
 size_t
-ric_script_zone_size(void)
+ric_script_zone_size(const ric_conf_t *conf)
 {
     const ric_script_t *s;
     size_t n = 0;
 
     for (s = scripts; s; s = s->next) {
-        n += 256 + sizeof(ric_script_counts_t) + strlen(s->path);
+        n += s->conf != conf ? 0 : 256 + sizeof(ric_script_counts_t) + strlen(s->path);
     }
     return n;
 }
 
 int
-ric_script_share(ric_shm_t *zone, char *err, size_t errlen)
+ric_script_share(const ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
 {
     ric_script_t *s;
     char name[4200];
     int created;
 
     for (s = scripts; s; s = s->next) {
+        if (s->conf != conf) {
+            continue;
+        }
         snprintf(name, sizeof(name), "script:%s", s->path);
         s->counts = ric_shm_entry(zone, name, sizeof(ric_script_counts_t), &created);
         if (s->counts == NULL) {

@@ -26,6 +26,7 @@ struct ric_script_s {
     int has_on_log;
     struct ric_script_state_s *state; /* its own Lua state (script.c) */
     ric_script_counts_t *counts;      /* in the shared zone; NULL: not counted (-t) */
+    const ric_conf_t *conf;           /* the configuration that loaded it (a generation) */
     ric_script_t *next;
 };
 
@@ -33,8 +34,8 @@ struct ric_shm_s;
 
 /* The room the loaded scripts' counters take in the shared zone, and
  * their entries, made by the master before the first fork. */
-size_t ric_script_zone_size(void);
-int ric_script_share(struct ric_shm_s *zone, char *err, size_t errlen);
+size_t ric_script_zone_size(const ric_conf_t *conf);
+int ric_script_share(const ric_conf_t *conf, struct ric_shm_s *zone, char *err, size_t errlen);
 
 /* Most instructions one hook call may run before it is stopped (counted
  * in the interpreter, where script code always runs), and the wall-clock
@@ -51,7 +52,7 @@ extern size_t ric_script_memory_max;
 /* Loads the script at path (once per path) in this process's state: its
  * main chunk runs, bounded, and must return a table of hooks. NULL with
  * err set to "path:line: reason" when it cannot. */
-ric_script_t *ric_script_load(const char *path, char *err, size_t errlen);
+ric_script_t *ric_script_load(ric_conf_t *conf, const char *path, char *err, size_t errlen);
 
 /* The on_request phase (pipeline.c's table; after the body, so
  * req:body() has it): runs the route script's on_request, if any, and

@@ -244,26 +244,80 @@ load_pair(SSL_CTX *ctx, const ric_conf_file_t *cert, const ric_conf_file_t *key,
     return RIC_OK;
 }
 
-/* Sessions of one server resume on that server only. */
+/* The digest of the context's certificate (0: none could be made). */
+static int
+cert_digest(SSL_CTX *ctx, unsigned char md[32])
+{
+    X509 *x = SSL_CTX_get0_certificate(ctx);
+    unsigned int n = 0;
+
+    return x != NULL && X509_digest(x, EVP_sha256(), md, &n) == 1 && n == 32;
+}
+
+/* Sessions of one server resume on that server only: its name (an unnamed
+ * server: where it is written) and its certificate, so that a reload that
+ * keeps both keeps its sessions. */
 static void
 set_session_context(SSL_CTX *ctx, const ric_server_conf_t *s)
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned char md[EVP_MAX_MD_SIZE], cert[32];
     unsigned int n = 0;
     EVP_MD_CTX *m = EVP_MD_CTX_new();
     char where[64];
 
     snprintf(where, sizeof(where), ":%d:", s->line);
     if (m != NULL && EVP_DigestInit_ex(m, EVP_sha256(), NULL) == 1) {
-        EVP_DigestUpdate(m, s->file, strlen(s->file));
-        EVP_DigestUpdate(m, where, strlen(where));
         if (s->nnames > 0) {
             EVP_DigestUpdate(m, s->names[0], strlen(s->names[0]));
+        } else {
+            EVP_DigestUpdate(m, s->file, strlen(s->file));
+            EVP_DigestUpdate(m, where, strlen(where));
+        }
+        if (cert_digest(ctx, cert)) {
+            EVP_DigestUpdate(m, cert, sizeof(cert));
         }
         EVP_DigestFinal_ex(m, md, &n);
     }
     EVP_MD_CTX_free(m);
     SSL_CTX_set_session_id_context(ctx, md, ric_min(n, (unsigned) SSL_MAX_SID_CTX_LENGTH));
+}
+
+/* The session ticket keys, by certificate, for the master's life: a context
+ * made again for the same certificate (a reload) gets the keys the last one
+ * had, so the tickets clients hold resume after it; a new certificate gets
+ * new keys. Every worker forked after shares them. */
+typedef struct ticket_keys_s ticket_keys_t;
+struct ticket_keys_s {
+    unsigned char cert[32];
+    unsigned char keys[80]; /* OpenSSL's: name, HMAC and AES keys */
+    ticket_keys_t *next;
+};
+
+static ticket_keys_t *ticket_keys;
+
+static void
+keep_ticket_keys(SSL_CTX *ctx)
+{
+    unsigned char cert[32];
+    ticket_keys_t *t;
+
+    if (!cert_digest(ctx, cert)) {
+        return;
+    }
+    for (t = ticket_keys; t; t = t->next) {
+        if (memcmp(t->cert, cert, sizeof(cert)) == 0) {
+            SSL_CTX_set_tlsext_ticket_keys(ctx, t->keys, sizeof(t->keys));
+            return;
+        }
+    }
+    t = ric_xcalloc(1, sizeof(*t));
+    memcpy(t->cert, cert, sizeof(cert));
+    if (SSL_CTX_get_tlsext_ticket_keys(ctx, t->keys, sizeof(t->keys)) != 1) {
+        free(t);
+        return;
+    }
+    t->next = ticket_keys;
+    ticket_keys = t;
 }
 
 static void
@@ -317,6 +371,7 @@ server_ctx(const ric_server_conf_t *s, const ric_listen_t *l, char *err, size_t 
      * when neither the ticket keys nor the cache could resume it */
     SSL_CTX_set_num_tickets(ctx, st->ssl_session_tickets == 1 || st->ssl_session_cache > 0 ? 1 : 0);
     set_session_context(ctx, s);
+    keep_ticket_keys(ctx);
     SSL_CTX_set_alpn_select_cb(ctx, select_alpn, NULL);
     SSL_CTX_set_client_hello_cb(ctx, on_client_hello, NULL);
     SSL_CTX_set_tlsext_servername_callback(ctx, on_servername);

@@ -39,7 +39,12 @@ ric_upstream_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
     int created, dup;
 
     for (u = conf->http ? conf->http->upstreams : NULL; u; u = u->next) {
-        snprintf(name, sizeof(name), "budget:%s", u->name);
+        /* named by its rule too: a reload that changes the rule starts it
+         * fresh, one that keeps it keeps its tokens */
+        snprintf(name, sizeof(name), "budget:%s:%d:%lld:%lld:%g:%lld", u->name,
+                 (int) u->budget->kind, (long long) u->budget->max_tokens,
+                 (long long) u->budget->wait_ms, u->budget->ratio,
+                 (long long) u->budget->min_per_sec);
         u->budget_state = ric_shm_entry(zone, name, sizeof(ric_budget_state_t), &created);
         if (u->budget_state == NULL) {
             goto full;

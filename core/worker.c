@@ -184,6 +184,7 @@ ric_worker_run(ric_conf_t *conf)
         ric_idem_store_open_all(conf->http->idem_stores, w->base);
     }
     accept_enable(w, 1);
+    kill(getppid(), RIC_SIG_WORKER_READY); /* a reload waits for this before the old ones go */
 
     event_base_dispatch(w->base);
 

@@ -9,6 +9,7 @@
 #include "upstream.h"
 
 #include <event2/event.h>
+#include <signal.h>
 
 struct ric_worker_s {
     struct event_base *base;
@@ -23,6 +24,9 @@ struct ric_worker_s {
     ric_upstream_t *upstreams; /* indexed by ric_upstream_conf_t.index */
     ric_pipeline_t pipeline;   /* what every request is handed */
 };
+
+/* A worker tells its master it serves (its loop is about to run). */
+#define RIC_SIG_WORKER_READY (SIGRTMIN + 1)
 
 /* The worker of this process (one per process). */
 extern ric_worker_t *ric_worker;

@@ -1081,6 +1081,20 @@ local function render(conf, vars)
     return out
 end
 
+-- Writes a new config for the gateway (the same placeholders, plus extra vars) and asks the
+-- running master to reload it: `ricochet -s reload`, which waits for the outcome.
+-- Returns its exit code and output.
+function Gateway:reload(conf, extra)
+    if conf then
+        local vars = {}
+        for k, v in pairs(self.vars) do vars[k] = v end
+        for k, v in pairs(extra or {}) do vars[k] = v end
+        write_file(self.conf_path, render(conf, vars))
+    end
+    return H.run({ self.argv[1], "-p", self.prefix, "-c", self.conf_path, "-s", "reload" },
+        { timeout = 70 })
+end
+
 local function accepts(port)
     local s = socket.tcp()
     s:settimeout(0.2)

@@ -489,3 +489,58 @@ describe("TLS for clients in the config", function()
         assert.equal(0, code, gw:log())
     end)
 end)
+
+-- A reload makes every TLS context again: a server whose certificate is the same keeps its session
+-- ticket keys (the tickets its clients hold resume), one whose certificate changed gets the new one.
+local RELOADED = [[
+worker_processes 2;
+error_log logs/error.log info;
+pid logs/ricochet.pid;
+http {
+{{SHIFT}}    server {
+        listen 127.0.0.1:{{PORT}} ssl;
+        server_name a.test;
+        ssl_certificate {{DIR}}/{{CERT}}.pem;
+        ssl_certificate_key {{DIR}}/{{CERT}}.key;
+        location / { proxy_pass http://{{UPSTREAM}}; }
+    }
+}
+]]
+
+describe("TLS across a reload", function()
+    local up, gw
+
+    setup(function()
+        make_pki()
+        up = H.start_upstream()
+        gw = H.start_gateway({ conf = RELOADED, upstream = up, vars = { DIR = dir, CERT = "a.test", SHIFT = "" } })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    it("resumes a session issued before the reload, and serves a changed certificate after one", function()
+        up:program({ default = { status = 200, body = "ok" } })
+        local req = dir .. "/reload-req.txt"
+        H.write_file(req, "GET /r HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+        local sess = dir .. "/reload.sess"
+        local first = s_client(gw.port, { "-servername", "a.test", "-ign_eof", "-sess_out", sess }, req)
+        assert.truthy(first:find("New, TLSv1.3", 1, true), first)
+        -- the same certificate, the server block a few lines further down
+        local code, out = gw:reload(RELOADED, { CERT = "a.test", SHIFT = "\n\n\n" })
+        assert.equal(0, code, out .. gw:log())
+        for _ = 1, 3 do -- whichever new worker accepts it
+            local again = s_client(gw.port, { "-servername", "a.test", "-ign_eof", "-sess_in", sess }, req)
+            assert.truthy(again:find("Reused, TLSv1.3", 1, true), again)
+            assert.truthy(again:find("HTTP/1.1 200", 1, true), again)
+        end
+        -- another certificate for the name: the next handshake shows it, and the old session is not resumed
+        code, out = gw:reload(RELOADED, { CERT = "b.test", SHIFT = "" })
+        assert.equal(0, code, out .. gw:log())
+        local changed = s_client(gw.port, { "-servername", "a.test", "-ign_eof", "-sess_in", sess }, req)
+        assert.truthy(changed:find("CN = b.test", 1, true), changed)
+        assert.truthy(changed:find("New, TLSv1.3", 1, true), changed)
+    end)
+end)
