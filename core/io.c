@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/sendfile.h>
@@ -162,6 +163,31 @@ ric_io_listen(const struct sockaddr *sa, socklen_t len, int backlog, const char 
     close(fd);
     errno = saved;
     return -1;
+}
+
+int
+ric_io_listen_inherit(int fd)
+{
+    int flags = fcntl(fd, F_GETFD);
+
+    return flags != -1 && fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) != -1 ? RIC_OK : RIC_ERROR;
+}
+
+int
+ric_io_listen_adopt(int fd, struct sockaddr_storage *ss, socklen_t *len)
+{
+    int on = 0, type = 0, flags;
+    socklen_t n = sizeof(on);
+
+    *len = sizeof(*ss);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &n) != 0 || !on
+        || (n = sizeof(type), getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &n)) != 0
+        || type != SOCK_STREAM || getsockname(fd, (struct sockaddr *) ss, len) != 0) {
+        return RIC_ERROR;
+    }
+    /* ours again: not passed on to what this process runs next */
+    flags = fcntl(fd, F_GETFD);
+    return flags != -1 && fcntl(fd, F_SETFD, flags | FD_CLOEXEC) != -1 ? RIC_OK : RIC_ERROR;
 }
 
 int

@@ -105,6 +105,14 @@ void ric_io_kick(ric_io_t *io, struct event *ev);
  * failed ("socket", "bind", "listen"). The master's, kept across workers. */
 int ric_io_listen(const struct sockaddr *sa, socklen_t len, int backlog, const char **what);
 
+/* A listening socket handed to a new binary (a binary upgrade): it stays
+ * open across exec. RIC_OK or RIC_ERROR with errno. */
+int ric_io_listen_inherit(int fd);
+
+/* A listening socket a binary upgrade handed in: the address it is bound to,
+ * if fd is one (a listening stream socket). RIC_OK or RIC_ERROR. */
+int ric_io_listen_adopt(int fd, struct sockaddr_storage *ss, socklen_t *len);
+
 /* The next connection waiting on a listening socket, non-blocking: its fd,
  * or -1 with errno set (EAGAIN: none waits; EINTR and ECONNABORTED are
  * reported as EAGAIN). */

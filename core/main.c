@@ -255,7 +255,7 @@ main(int argc, char **argv)
         ric_conf_free(conf);
         return 1;
     }
-    rc = ric_process_master(&conf, prefix, file, zone);
+    rc = ric_process_master(&conf, prefix, file, zone, argv);
     ric_conf_free(conf);
     ric_shm_destroy(zone);
     return rc;

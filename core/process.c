@@ -26,6 +26,8 @@
 #define RESPAWN_MIN_INTERVAL_MS 1000 /* a worker that keeps dying restarts at most this often */
 #define FAST_STOP_GRACE_MS 5000      /* after SIGTERM, workers get this long before SIGKILL */
 #define RELOAD_START_MS 30000        /* a new generation's workers must be serving by then */
+#define RIC_ENV_LISTEN_FDS "RICOCHET_LISTEN_FDS"     /* an upgrade's sockets, "3,4,..." */
+#define RIC_ENV_UPGRADE_FROM "RICOCHET_UPGRADE_FROM" /* ...and the old master's pid */
 
 typedef struct {
     pid_t pid;          /* 0: the slot is empty */
@@ -74,6 +76,43 @@ socket_open(const ric_listener_t *ls, char *err, size_t errlen)
     return fd;
 }
 
+/* The listening sockets an old binary handed over (a binary upgrade): in
+ * RICOCHET_LISTEN_FDS, "3,4,...". They join the master's own, so the
+ * addresses the configuration names find them instead of binding again. */
+static void
+adopt_inherited(void)
+{
+    static int done;
+    const char *v = getenv(RIC_ENV_LISTEN_FDS);
+    struct sockaddr_storage ss;
+    socklen_t len;
+    listen_socket_t *s;
+    char *end;
+    long fd;
+
+    if (done) {
+        return;
+    }
+    done = 1;
+    while (v != NULL && *v != '\0') {
+        fd = strtol(v, &end, 10);
+        if (end == v) {
+            break;
+        }
+        v = *end == ',' ? end + 1 : end;
+        if (fd < 3 || ric_io_listen_adopt((int) fd, &ss, &len) != RIC_OK) {
+            continue;
+        }
+        s = ric_xcalloc(1, sizeof(*s));
+        memcpy(&s->addr, &ss, len);
+        s->addrlen = len;
+        s->fd = (int) fd;
+        s->next = sockets;
+        sockets = s;
+    }
+    unsetenv(RIC_ENV_LISTEN_FDS);
+}
+
 /* Gives every listener of conf its socket (ls->fd): the master's open one
  * for that address, or a newly bound one. The sockets belong to the
  * master, not to conf, so a later generation keeps them: a socket is
@@ -83,10 +122,12 @@ socket_open(const ric_listener_t *ls, char *err, size_t errlen)
 static int
 process_bind(ric_conf_t *conf, char *err, size_t errlen)
 {
-    listen_socket_t *s, *known = sockets;
+    listen_socket_t *s, *known;
     ric_listener_t *ls;
     int fd;
 
+    adopt_inherited();
+    known = sockets;
     for (ls = conf->listeners; ls; ls = ls->next) {
         s = socket_find(&ls->addr, ls->addrlen);
         if (s == NULL) {
@@ -189,7 +230,9 @@ master_signals(sigset_t *set)
     sigaddset(set, SIGQUIT);
     sigaddset(set, SIGHUP);
     sigaddset(set, SIGUSR1);
+    sigaddset(set, SIGUSR2);
     sigaddset(set, RIC_SIG_WORKER_READY);
+    sigaddset(set, RIC_SIG_UPGRADED);
 }
 
 static pid_t
@@ -315,6 +358,12 @@ typedef struct {
     int ndraining, draining_cap;
     const char *prefix, *file; /* as the command line gave them, to read the config again */
     ric_shm_t *zone;
+    char *const *argv;         /* the command line, for a binary upgrade */
+    char exe[4096];            /* the binary's path on disk, read at start */
+    pid_t upgrade_pid;         /* a new binary's master, until its workers serve */
+    int64_t upgrade_deadline;
+    pid_t old_master;          /* (a new binary's master) the one to tell once we serve */
+    int handed_over;           /* the new binary serves: this master drains and goes */
 } master_t;
 
 static void
@@ -494,6 +543,89 @@ reload_check(master_t *m, int64_t now)
     reload_reply(m, 1, line);
 }
 
+static void
+pid_file_move(const master_t *m, int aside)
+{
+    char old[4200];
+
+    if (m->conf->pid_path == NULL || strcmp(m->conf->pid_path, "off") == 0) {
+        return;
+    }
+    snprintf(old, sizeof(old), "%s.oldbin", m->conf->pid_path);
+    if (aside) {
+        rename(m->conf->pid_path, old);
+    } else {
+        rename(old, m->conf->pid_path);
+    }
+}
+
+static void
+upgrade_failed(master_t *m, const char *reason, int pid_moved)
+{
+    char line[600];
+
+    m->upgrade_pid = 0;
+    if (pid_moved) {
+        pid_file_move(m, 0);
+    }
+    snprintf(line, sizeof(line), "upgrade failed: %s; the running binary keeps serving", reason);
+    ric_log_error(RIC_LOG_ERR, 0, "%s", line);
+    reload_reply(m, 0, line);
+}
+
+/* A binary upgrade: the binary on disk runs as a new master, with this
+ * one's listening sockets (RICOCHET_LISTEN_FDS) and told whom to tell once
+ * its workers serve (RICOCHET_UPGRADE_FROM). Until then this master serves
+ * on; if the new one exits first, or does not serve in time, it stays. */
+static void
+upgrade_begin(master_t *m, pid_t asker)
+{
+    char fds[1024], from[32];
+    listen_socket_t *s;
+    size_t len = 0;
+    sigset_t none;
+    pid_t pid;
+
+    if (m->upgrade_pid > 0 || m->next_n > 0 || m->handed_over) {
+        if (asker > 0 && m->asker <= 0) {
+            m->asker = asker;
+            upgrade_failed(m, "a reload or an upgrade is under way", 0);
+        }
+        return;
+    }
+    m->asker = asker;
+    if (m->exe[0] == '\0') {
+        upgrade_failed(m, "the path of the running binary is unknown (/proc/self/exe)", 0);
+        return;
+    }
+    fds[0] = '\0';
+    for (s = sockets; s && len + 16 < sizeof(fds); s = s->next) {
+        len += (size_t) snprintf(fds + len, sizeof(fds) - len, "%s%d", len ? "," : "", s->fd);
+    }
+    snprintf(from, sizeof(from), "%d", (int) getpid());
+    ric_log_error(RIC_LOG_NOTICE, 0, "upgrading: starting %s", m->exe);
+    pid_file_move(m, 1);
+    pid = fork();
+    if (pid == -1) {
+        upgrade_failed(m, "fork() failed", 1);
+        return;
+    }
+    if (pid == 0) {
+        for (s = sockets; s; s = s->next) {
+            ric_io_listen_inherit(s->fd); /* this copy of the table only */
+        }
+        setenv(RIC_ENV_LISTEN_FDS, fds, 1);
+        setenv(RIC_ENV_UPGRADE_FROM, from, 1);
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execv(m->exe, m->argv);
+        ric_log_error(RIC_LOG_ALERT, errno, "execv(\"%s\") failed", m->exe);
+        _exit(127);
+    }
+    m->upgrade_pid = pid;
+    m->upgrade_deadline = ric_now_ms() + RELOAD_START_MS;
+}
+
 static worker_slot_t *
 slot_of(worker_slot_t *slots, int n, pid_t pid)
 {
@@ -528,6 +660,19 @@ master_reap(master_t *m, int stopping)
     int64_t now;
 
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        if (pid == m->upgrade_pid) {
+            char why[128];
+
+            if (WIFSIGNALED(status)) {
+                snprintf(why, sizeof(why), "the new binary's master %d exited on signal %d before "
+                         "it served", (int) pid, WTERMSIG(status));
+            } else {
+                snprintf(why, sizeof(why), "the new binary's master %d exited with code %d before "
+                         "it served (its error log says why)", (int) pid, WEXITSTATUS(status));
+            }
+            upgrade_failed(m, why, 1);
+            continue;
+        }
         for (i = 0; i < m->ndraining && m->draining[i] != pid; i++) {
         }
         if (i < m->ndraining) {
@@ -594,18 +739,29 @@ mark_ready(master_t *m, pid_t pid)
 }
 
 int
-ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric_shm_t *zone)
+ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric_shm_t *zone,
+                   char *const *argv)
 {
     enum { RUNNING, STOP_FAST, STOP_GRACEFUL } stopping = RUNNING;
     ric_conf_t *conf = *confp;
-    master_t m = { .conf = conf, .gen = 1, .prefix = prefix, .file = file, .zone = zone };
-    int i, sig, has_pid = strcmp(conf->pid_path, "off") != 0;
+    master_t m = { .conf = conf, .gen = 1, .prefix = prefix, .file = file, .zone = zone,
+                   .argv = argv };
+    int i, sig, ready, has_pid = strcmp(conf->pid_path, "off") != 0;
+    const char *from = getenv(RIC_ENV_UPGRADE_FROM);
     char pid_path[4096];
+    ssize_t n;
     int64_t now, kill_at = 0, wake;
     struct timespec ts;
     sigset_t set;
     siginfo_t info;
 
+    /* the path on disk, read now: an upgrade runs what is there then */
+    n = readlink("/proc/self/exe", m.exe, sizeof(m.exe) - 1);
+    m.exe[n > 0 ? n : 0] = '\0';
+    if (from != NULL) {
+        m.old_master = (pid_t) strtol(from, NULL, 10);
+        unsetenv(RIC_ENV_UPGRADE_FROM);
+    }
     m.n = (int) conf->worker_processes;
     m.slots = ric_xcalloc((size_t) m.n, sizeof(worker_slot_t));
     snprintf(pid_path, sizeof(pid_path), "%s", conf->pid_path);
@@ -613,7 +769,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (conf->daemon && daemonize() != RIC_OK) {
+    if (conf->daemon && m.old_master == 0 && daemonize() != RIC_OK) {
         free(m.slots);
         return 1;
     }
@@ -645,6 +801,21 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             if (m.next_n > 0) {
                 wake = ric_min(wake, m.next_deadline);
             }
+            if (m.upgrade_pid > 0 && now >= m.upgrade_deadline) {
+                kill(m.upgrade_pid, SIGTERM);
+                drain_add(&m, m.upgrade_pid); /* reaped as any old worker */
+                upgrade_failed(&m, "the new binary's workers did not start serving in time", 1);
+            } else if (m.upgrade_pid > 0) {
+                wake = ric_min(wake, m.upgrade_deadline);
+            }
+            for (i = 0, ready = 0; i < m.n && m.old_master > 0; i++) {
+                ready += m.slots[i].ready;
+            }
+            if (m.old_master > 0 && ready == m.n) {
+                /* an upgrade's new master: every worker serves, the old one may go */
+                kill(m.old_master, RIC_SIG_UPGRADED);
+                m.old_master = 0;
+            }
         } else {
             if (master_alive(&m) == 0) {
                 break;
@@ -664,6 +835,24 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
         if (sig == RIC_SIG_WORKER_READY) {
             mark_ready(&m, info.si_pid);
             continue;
+        }
+        if (sig == RIC_SIG_UPGRADED && info.si_pid == m.upgrade_pid && m.upgrade_pid > 0) {
+            char line[128];
+
+            snprintf(line, sizeof(line), "upgraded: the new binary's master %d serves; this one "
+                     "(%d) stops gracefully", (int) m.upgrade_pid, (int) getpid());
+            ric_log_error(RIC_LOG_NOTICE, 0, "%s", line);
+            reload_reply(&m, 1, line);
+            m.upgrade_pid = 0;
+            m.handed_over = 1;
+            has_pid = 0; /* the pid file is the new master's */
+            if (strcmp(pid_path, "off") != 0) {
+                char old[4200];
+
+                snprintf(old, sizeof(old), "%s.oldbin", pid_path);
+                unlink(old);
+            }
+            sig = SIGQUIT; /* and drain, as a graceful stop does */
         }
         switch (sig) {
         case SIGCHLD:
@@ -694,8 +883,15 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             }
             master_signal_all(&m, SIGQUIT);
             break;
-        case SIGHUP:
+        case SIGUSR2:
             if (stopping == RUNNING) {
+                upgrade_begin(&m, info.si_code == SI_QUEUE
+                                      && info.si_value.sival_int == RIC_RELOAD_ASK
+                                      ? info.si_pid : 0);
+            }
+            break;
+        case SIGHUP:
+            if (stopping == RUNNING && !m.handed_over) {
                 /* a -s reload says who it is, and waits for the outcome */
                 reload_begin(&m, info.si_code == SI_QUEUE
                                      && info.si_value.sival_int == RIC_RELOAD_ASK
@@ -720,9 +916,10 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     return 0;
 }
 
-/* -s reload: SIGHUP, queued with RIC_RELOAD_ASK, then the master's word. */
+/* -s reload and -s upgrade: SIGHUP or SIGUSR2, queued with RIC_RELOAD_ASK,
+ * then the master's word. */
 static int
-reload_and_wait(const ric_conf_t *conf, pid_t pid)
+reload_and_wait(const ric_conf_t *conf, pid_t pid, int how)
 {
     char path[4200], line[1400];
     union sigval v;
@@ -739,7 +936,7 @@ reload_and_wait(const ric_conf_t *conf, pid_t pid)
     sigaddset(&set, RIC_SIG_RELOADED);
     sigprocmask(SIG_BLOCK, &set, NULL);
     v.sival_int = RIC_RELOAD_ASK;
-    if (sigqueue(pid, SIGHUP, v) == -1) {
+    if (sigqueue(pid, how, v) == -1) {
         fprintf(stderr, "ricochet: cannot signal the master %ld: %s\n", (long) pid,
                 strerror(errno));
         return 1;
@@ -747,8 +944,9 @@ reload_and_wait(const ric_conf_t *conf, pid_t pid)
     for (;;) {
         left = deadline - ric_now_ms();
         if (left <= 0) {
-            fprintf(stderr, "ricochet: the master %ld did not say within %d s whether the reload "
-                    "took; see its error log\n", (long) pid, RIC_RELOAD_WAIT_MS / 1000);
+            fprintf(stderr, "ricochet: the master %ld did not say within %d s whether the %s "
+                    "took; see its error log\n", (long) pid, RIC_RELOAD_WAIT_MS / 1000,
+                    how == SIGHUP ? "reload" : "upgrade");
             return 1;
         }
         ts.tv_sec = (time_t) (left / 1000);
@@ -778,7 +976,8 @@ int
 ric_process_signal(ric_conf_t *conf, const char *name)
 {
     static const struct { const char *name; int sig; } names[] = {
-        { "stop", SIGTERM }, { "quit", SIGQUIT }, { "reopen", SIGUSR1 }, { "reload", SIGHUP }
+        { "stop", SIGTERM }, { "quit", SIGQUIT }, { "reopen", SIGUSR1 }, { "reload", SIGHUP },
+        { "upgrade", SIGUSR2 }
     };
     char buf[32];
     ssize_t n;
@@ -789,8 +988,8 @@ ric_process_signal(ric_conf_t *conf, const char *name)
     for (i = 0; i < ric_nelems(names) && strcmp(names[i].name, name) != 0; i++) {
     }
     if (i == ric_nelems(names)) {
-        fprintf(stderr, "ricochet: invalid option: \"-s %s\"; expected stop, quit, reopen or "
-                "reload\n", name);
+        fprintf(stderr, "ricochet: invalid option: \"-s %s\"; expected stop, quit, reopen, "
+                "reload or upgrade\n", name);
         return 1;
     }
     if (strcmp(conf->pid_path, "off") == 0) {
@@ -817,8 +1016,8 @@ ric_process_signal(ric_conf_t *conf, const char *name)
                 "running (a stale pid file)\n", conf->pid_path, pid);
         return 1;
     }
-    if (names[i].sig == SIGHUP) {
-        return reload_and_wait(conf, (pid_t) pid);
+    if (names[i].sig == SIGHUP || names[i].sig == SIGUSR2) {
+        return reload_and_wait(conf, (pid_t) pid, names[i].sig);
     }
     if (kill((pid_t) pid, names[i].sig) == -1) {
         fprintf(stderr, "ricochet: kill(%ld, %s) failed: %s\n", pid, name, strerror(errno));

@@ -15,6 +15,8 @@ struct ric_shm_s;
 #define RIC_RELOAD_ASK 0x52454c44
 #define RIC_SIG_RELOADED (SIGRTMIN + 2)
 #define RIC_RELOAD_WAIT_MS 60000 /* how long -s reload waits for it */
+/* A binary upgrade's new master tells the old one its workers serve. */
+#define RIC_SIG_UPGRADED (SIGRTMIN + 3)
 
 /* Makes conf a generation the master can run: checks its idempotency
  * stores (as -t does), opens its access logs, gives every listener its
@@ -32,15 +34,19 @@ size_t ric_process_zone_size(const ric_conf_t *conf);
 /* Runs the master: writes the pid file, forks the workers, restarts those
  * that die, reloads on SIGHUP (reading prefix and file again, as the
  * command line gave them; a new generation of workers takes over once it
- * serves, the old one drains), and handles signals until told to stop.
- * *confp is the generation serving at the end. Returns the exit code. */
+ * serves, the old one drains), upgrades on SIGUSR2 (the binary on disk
+ * runs again with argv and this master's listening sockets; once its
+ * workers serve, this master drains and exits), and handles signals until
+ * told to stop. *confp is the generation serving at the end. Returns the
+ * exit code. */
 int ric_process_master(ric_conf_t **confp, const char *prefix, const char *file,
-                       struct ric_shm_s *zone);
+                       struct ric_shm_s *zone, char *const *argv);
 
-/* Sends the signal named by name (stop, quit, reopen, reload) to the master
- * whose pid file conf names. For reload, waits (RIC_RELOAD_WAIT_MS) for the
- * outcome and prints it: 0 when the new generation serves, 1 when it was
- * refused (the reason). Returns the exit code; prints errors. */
+/* Sends the signal named by name (stop, quit, reopen, reload, upgrade) to
+ * the master whose pid file conf names. For reload and upgrade, waits
+ * (RIC_RELOAD_WAIT_MS) for the outcome and prints it: 0 when the new
+ * generation (or binary) serves, 1 when it was refused (the reason).
+ * Returns the exit code; prints errors. */
 int ric_process_signal(ric_conf_t *conf, const char *name);
 
 #endif /* RIC_PROCESS_H */

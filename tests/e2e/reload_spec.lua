@@ -333,3 +333,93 @@ describe("a retry budget across a reload", function()
         assert(ok, err)
     end)
 end)
+
+-- A binary upgrade: the binary on disk runs as a new master with the old one's sockets; once its
+-- workers serve, the old master drains and exits. The gateway runs from a copy, which the test replaces.
+describe("a binary upgrade (-s upgrade)", function()
+    local up, gw, bindir
+
+    local function pid_in_file()
+        return tonumber(H.read_file(gw.prefix .. "/logs/ricochet.pid") or "")
+    end
+
+    local function upgrade()
+        return H.run({ H.bin(), "-p", gw.prefix, "-c", gw.conf_path, "-s", "upgrade" }, { timeout = 70 })
+    end
+
+    before_each(function()
+        up = H.start_upstream()
+        up:program({ default = { status = 200, body = "ok" } })
+        bindir = H.mkdtemp("bin")
+        assert(os.execute("cp " .. H.shell_quote(H.bin()) .. " " .. H.shell_quote(bindir .. "/ricochet")))
+        gw = H.start_gateway({ conf = CONF, upstream = up, vars = { GEN = "one" }, bin = bindir .. "/ricochet" })
+    end)
+
+    after_each(function()
+        local pid = pid_in_file()
+        if gw then gw:stop() end
+        if pid and pid ~= gw.pid then
+            -- the new master outlives the old one: stopped through its pid file
+            os.execute("kill -TERM " .. pid .. " 2>/dev/null")
+            H.wait_until(function() return not H.read_file("/proc/" .. pid .. "/status") end, 10)
+            os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+        end
+        if up then up:stop() end
+        H.rm_rf(bindir)
+    end)
+
+    it("hands the sockets to the new binary without losing a keep-alive client's request", function()
+        local conns = {}
+        for i = 1, 4 do conns[i] = assert(H.connect(gw.port)) end
+        local done, log = gw.prefix .. "/upgrade.done", gw.prefix .. "/upgrade.log"
+        os.execute(("(sleep 0.3; %s -p %s -c %s -s upgrade > %s 2>&1; echo rc=$? >> %s; touch %s) > /dev/null 2>&1 &")
+            :format(H.shell_quote(H.bin()), H.shell_quote(gw.prefix), H.shell_quote(gw.conf_path),
+                H.shell_quote(log), H.shell_quote(log), H.shell_quote(done)))
+        local sent, failed = 0, {}
+        local deadline = socket.gettime() + 60
+        local settle -- a little load after the upgrade is over, on the new master alone
+        while socket.gettime() < deadline do
+            for i = 1, #conns do
+                local r, err = conns[i]:request({ path = "/up/" .. sent, timeout = 10 })
+                sent = sent + 1
+                if not r then failed[#failed + 1] = tostring(err)
+                elseif r.status ~= 200 then failed[#failed + 1] = "status " .. r.status end
+                if not r or (r.headers["connection"] or ""):lower() == "close" then
+                    conns[i]:close()
+                    conns[i] = assert(H.connect(gw.port))
+                end
+            end
+            if H.read_file(done) then
+                settle = settle or socket.gettime() + 1.5
+                if socket.gettime() > settle then break end
+            end
+        end
+        for i = 1, #conns do conns[i]:close() end
+        local out = H.read_file(log) or ""
+        assert.truthy(H.read_file(done), "the upgrade did not finish\n" .. out)
+        assert.matches("rc=0", out, out .. ctx(gw))
+        assert.matches("upgraded: the new binary's master %d+ serves", out)
+        assert.equal(0, #failed, table.concat(failed, "\n") .. "\n" .. ctx(gw, out))
+        local new = pid_in_file()
+        assert.truthy(new and new ~= gw.pid, "the pid file still names the old master")
+        assert.truthy(gw:wait_exit(30), "the old master did not exit")
+        local r = H.request(gw.port, { path = "/after" })
+        assert.equal(200, r and r.status)
+    end)
+
+    it("keeps serving, and says why, when the new binary does not start", function()
+        local broken = bindir .. "/ricochet.new"
+        H.write_file(broken, "#!/bin/sh\nexit 3\n")
+        assert(os.execute("chmod +x " .. H.shell_quote(broken) .. " && mv " .. H.shell_quote(broken) .. " "
+            .. H.shell_quote(bindir .. "/ricochet")))
+        local code, out = upgrade()
+        assert.equal(1, code, out .. ctx(gw))
+        assert.matches("upgrade failed: the new binary's master %d+ exited with code 3", out)
+        assert.equal(gw.pid, pid_in_file())
+        local r = H.request(gw.port, { path = "/still" })
+        assert.equal(200, r and r.status, ctx(gw))
+        -- and a reload still works afterwards (asked by a binary that runs)
+        local rc, rout = H.run({ H.bin(), "-p", gw.prefix, "-c", gw.conf_path, "-s", "reload" }, { timeout = 70 })
+        assert.equal(0, rc, rout .. ctx(gw))
+    end)
+end)
