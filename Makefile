@@ -1,6 +1,7 @@
 # ricochet: a Lua-scriptable retry gateway. `make help` lists the targets.
 
 PREFIX ?= /usr/local
+SYSCONFDIR ?= $(PREFIX)/etc
 DESTDIR ?=
 BUILD ?= build
 CC ?= cc
@@ -27,7 +28,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all run test asan fuzz bench bench-faults bench-idempotency bench-tls install clean help deps deps-test deps-run
+.PHONY: deb all run test asan fuzz bench bench-faults bench-idempotency bench-tls install clean help deps deps-test deps-run
 .DEFAULT_GOAL := all
 
 all: deps $(BUILD)/ricochet
@@ -45,6 +46,8 @@ help:
 	@echo "make bench-idempotency  only the idempotency store's cost (contrib/bench/idempotency.sh)"
 	@echo "make bench-tls  only TLS (to the upstream, and terminating it) against nginx and HAProxy (contrib/bench/tls.sh)"
 	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
+	@echo "make deb        build/ricochet_VERSION_ARCH.deb: the binary, /etc/ricochet, the systemd unit,"
+	@echo "                logrotate, the man page and the Lua test kit (contrib/deb/build.sh)"
 	@echo "make clean      remove build outputs"
 
 deps:
@@ -136,11 +139,13 @@ bench-tls: $(BUILD)/ricochet
 	sh contrib/bench/tls.sh
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/etc/ricochet
+	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(SYSCONFDIR)/ricochet
 	install -m 755 $(BUILD)/ricochet $(DESTDIR)$(PREFIX)/sbin/ricochet
-	install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf.default
-	test -e $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf || \
-	    install -m 644 conf/ricochet.conf $(DESTDIR)$(PREFIX)/etc/ricochet/ricochet.conf
+	install -m 644 conf/ricochet.conf $(DESTDIR)$(SYSCONFDIR)/ricochet/ricochet.conf.default
+	test -e $(DESTDIR)$(SYSCONFDIR)/ricochet/ricochet.conf || \
+	    install -m 644 conf/ricochet.conf $(DESTDIR)$(SYSCONFDIR)/ricochet/ricochet.conf
+	install -d $(DESTDIR)$(PREFIX)/share/man/man8
+	gzip -9nc contrib/man/ricochet.8 > $(DESTDIR)$(PREFIX)/share/man/man8/ricochet.8.gz
 	install -d $(DESTDIR)$(PREFIX)/share/doc/ricochet
 	install -m 644 README.md conf/REFERENCE.md $(DESTDIR)$(PREFIX)/share/doc/ricochet/
 	install -m 644 scripts/README.md $(DESTDIR)$(PREFIX)/share/doc/ricochet/SCRIPTS.md
@@ -148,6 +153,9 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/share/lua/5.1/ricochet $(DESTDIR)$(PREFIX)/share/ricochet/examples
 	install -m 644 $(LUA_LIB) scripts/ricochet/testing.lua $(DESTDIR)$(PREFIX)/share/lua/5.1/ricochet/
 	install -m 644 scripts/examples/*.lua $(DESTDIR)$(PREFIX)/share/ricochet/examples/
+
+deb: all
+	@sh contrib/deb/build.sh $(BUILD)
 
 clean:
 	rm -rf build
