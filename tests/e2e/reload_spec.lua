@@ -69,6 +69,31 @@ describe("hot reload", function()
         assert.equal("one", generation(gw, up), ctx(gw))
     end)
 
+    it("refuses a script that does not compile and a certificate that is missing, naming the file", function()
+        local script = gw.prefix .. "/broken.lua"
+        H.write_file(script, "local route = {}\nfunction route.on_request(req)\n  if then end\nend\nreturn route\n")
+        local with_script = CONF:gsub("proxy_pass http://up;", "proxy_pass http://up;\n            script " .. script .. ";")
+        local code, out = gw:reload(with_script, { GEN = "two" })
+        assert.equal(1, code, out)
+        assert.matches("broken%.lua:3:", out)
+        local with_cert = CONF:gsub("listen 127%.0%.0%.1:{{PORT}};", "listen 127.0.0.1:{{PORT}};\n        listen 127.0.0.1:{{PORT2}} ssl;\n"
+            .. "        ssl_certificate " .. gw.prefix .. "/none.pem;\n        ssl_certificate_key " .. gw.prefix .. "/none.key;")
+        code, out = gw:reload(with_cert, { GEN = "two" })
+        assert.equal(1, code, out)
+        assert.matches("none%.pem", out)
+        assert.equal("one", generation(gw, up), ctx(gw))
+        -- and the master was never asked: one generation all along
+        assert.is_nil(gw:log():find("generation 2"))
+    end)
+
+    it("changes the number of workers", function()
+        local three = CONF:gsub("worker_processes 2;", "worker_processes 3;")
+        local code, out = gw:reload(three, { GEN = "two" })
+        assert.equal(0, code, out)
+        assert.matches("serving: 3 workers", out)
+        assert.truthy(H.wait_until(function() return #gw:workers() == 3 end, 10), ctx(gw))
+    end)
+
     it("refuses a config on a raw SIGHUP too: the reason is logged, the old one serves", function()
         local bad = CONF:gsub("proxy_pass http://up;", "proxy_pass http://nowhere;")
         H.write_file(gw.conf_path, (bad:gsub("{{UPSTREAM}}", gw.vars.UPSTREAM):gsub("{{PORT}}", gw.vars.PORT)
