@@ -2295,8 +2295,7 @@ ric_conf_finish(ric_conf_parse_t *cf)
     }
     /* the bounds of every hook call from here on (a main chunk ran under
      * the defaults: the directives may come after the scripts) */
-    ric_script_timeout_ms = c->http->settings.script_timeout;
-    ric_script_memory_max = (size_t) c->http->settings.script_memory_max;
+    ric_script_limits(c);
     if ((reason = check_idem_stores(cf)) != NULL) {
         snprintf(cf->err, cf->errlen, "%s", reason);
         return ric_conf_reported;

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -26,6 +27,7 @@
 #define RESPAWN_MIN_INTERVAL_MS 1000 /* a worker that keeps dying restarts at most this often */
 #define FAST_STOP_GRACE_MS 5000      /* after SIGTERM, workers get this long before SIGKILL */
 #define RELOAD_START_MS 30000        /* a new generation's workers must be serving by then */
+#define MAX_ASKERS 16                /* -s reload at once, each told the outcome */
 #define RIC_ENV_LISTEN_FDS "RICOCHET_LISTEN_FDS"     /* an upgrade's sockets, "3,4,..." */
 #define RIC_ENV_UPGRADE_FROM "RICOCHET_UPGRADE_FROM" /* ...and the old master's pid */
 
@@ -181,6 +183,19 @@ close_unused(const ric_conf_t *conf)
     }
 }
 
+/* conf's entries in the shared zone, found by name or made. */
+static int
+share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
+{
+    if (ric_upstream_share(conf, zone, err, errlen) != RIC_OK
+        || ric_idem_store_share(conf, zone, err, errlen) != RIC_OK
+        || ric_shared_dict_share(conf, zone, err, errlen) != RIC_OK
+        || ric_script_share(conf, zone, err, errlen) != RIC_OK) {
+        return RIC_ERROR;
+    }
+    return RIC_OK;
+}
+
 int
 ric_process_generation(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
 {
@@ -189,13 +204,7 @@ ric_process_generation(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errl
         || process_bind(conf, err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }
-    if (ric_upstream_share(conf, zone, err, errlen) != RIC_OK
-        || ric_idem_store_share(conf, zone, err, errlen) != RIC_OK
-        || ric_shared_dict_share(conf, zone, err, errlen) != RIC_OK
-        || ric_script_share(conf, zone, err, errlen) != RIC_OK) {
-        return RIC_ERROR;
-    }
-    return RIC_OK;
+    return share(conf, zone, err, errlen);
 }
 
 size_t
@@ -233,6 +242,25 @@ master_signals(sigset_t *set)
     sigaddset(set, SIGUSR2);
     sigaddset(set, RIC_SIG_WORKER_READY);
     sigaddset(set, RIC_SIG_UPGRADED);
+    sigaddset(set, RIC_SIG_RELOAD);
+    sigaddset(set, RIC_SIG_UPGRADE);
+}
+
+/* In a new worker: the master's sockets its configuration does not listen
+ * on are closed (another generation's), so it never accepts on them. */
+static void
+close_others(const ric_conf_t *conf)
+{
+    const listen_socket_t *s;
+    const ric_listener_t *ls;
+
+    for (s = sockets; s; s = s->next) {
+        for (ls = conf->listeners; ls && ls->fd != s->fd; ls = ls->next) {
+        }
+        if (ls == NULL) {
+            close(s->fd);
+        }
+    }
 }
 
 static pid_t
@@ -255,6 +283,7 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot, ric_log_t *log)
         if (log != NULL) {
             ric_log_use(log); /* its generation's error log */
         }
+        close_others(conf);
         signal(SIGHUP, SIG_IGN);
         signal(SIGPIPE, SIG_IGN);
         sigemptyset(&set);
@@ -291,9 +320,12 @@ workers_alive(worker_slot_t *slots, int n)
     return alive;
 }
 
+/* The pid file, kept open and locked while the master lives (its workers
+ * share the lock): `-s` tells a live master from a stale file by it. */
 static int
 write_pid_file(const char *path)
 {
+    static int held = -1;
     char buf[32];
     int fd, n;
 
@@ -308,7 +340,11 @@ write_pid_file(const char *path)
         close(fd);
         return RIC_ERROR;
     }
-    close(fd);
+    flock(fd, LOCK_EX | LOCK_NB);
+    if (held != -1) {
+        close(held);
+    }
+    held = fd;
     return RIC_OK;
 }
 
@@ -353,7 +389,12 @@ typedef struct {
     worker_slot_t *next;
     int next_n;
     int64_t next_deadline;
-    pid_t asker;               /* a `ricochet -s reload` waiting for the outcome */
+    pid_t askers[MAX_ASKERS];  /* the -s reload (or upgrade) waiting for the one under way */
+    int naskers;
+    pid_t waiting[MAX_ASKERS]; /* ...asked while one was under way: told after the next one */
+    int nwaiting;
+    int again;                 /* a reload was asked while one was under way: one more follows */
+    int sweep;                 /* the zone has entries no generation may need: sweep once drained */
     pid_t *draining;           /* workers of older generations, finishing */
     int ndraining, draining_cap;
     const char *prefix, *file; /* as the command line gave them, to read the config again */
@@ -376,21 +417,18 @@ drain_add(master_t *m, pid_t pid)
     m->draining[m->ndraining++] = pid;
 }
 
-/* Tells the -s reload that asked how its reload went: a line in
- * PIDFILE.reload, then RIC_SIG_RELOADED (value 0: serving). */
+/* Tells one -s reload (or upgrade) how it went: a line in
+ * PIDFILE.reload.PID, then RIC_SIG_RELOADED (value 0: serving). */
 static void
-reload_reply(master_t *m, int ok, const char *line)
+reply_one(const master_t *m, pid_t asker, int ok, const char *line)
 {
     char path[4200], tmp[4210];
     union sigval v;
     int fd;
     ssize_t w;
 
-    if (m->asker <= 0) {
-        return;
-    }
     if (m->conf->pid_path != NULL && strcmp(m->conf->pid_path, "off") != 0) {
-        snprintf(path, sizeof(path), "%s.reload", m->conf->pid_path);
+        snprintf(path, sizeof(path), "%s.reload.%d", m->conf->pid_path, (int) asker);
         snprintf(tmp, sizeof(tmp), "%s.tmp", path);
         fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd != -1) {
@@ -398,12 +436,33 @@ reload_reply(master_t *m, int ok, const char *line)
             close(fd);
             if (w == (ssize_t) strlen(line)) {
                 rename(tmp, path);
+            } else {
+                unlink(tmp);
             }
         }
     }
     v.sival_int = ok ? 0 : 1;
-    sigqueue(m->asker, RIC_SIG_RELOADED, v);
-    m->asker = 0;
+    sigqueue(asker, RIC_SIG_RELOADED, v);
+}
+
+/* Every asker of the reload (or upgrade) that ended is told. */
+static void
+reload_reply(master_t *m, int ok, const char *line)
+{
+    int i;
+
+    for (i = 0; i < m->naskers; i++) {
+        reply_one(m, m->askers[i], ok, line);
+    }
+    m->naskers = 0;
+}
+
+static void
+ask_add(pid_t *list, int *n, pid_t asker)
+{
+    if (asker > 0 && *n < MAX_ASKERS) {
+        list[(*n)++] = asker;
+    }
 }
 
 static void
@@ -414,6 +473,10 @@ reload_fail(master_t *m, const char *reason)
     snprintf(line, sizeof(line), "reload refused: %s; configuration generation %u keeps serving",
              reason, m->gen);
     ric_log_error(RIC_LOG_ERR, 0, "%s", line);
+    /* reading the refused config set what is process-wide: the running one's again */
+    ric_script_limits(m->conf);
+    ric_shared_dict_declare(m->conf->http ? m->conf->http->shared_dicts : NULL);
+    m->sweep = 1; /* what the refused one made in the zone */
     reload_reply(m, 0, line);
 }
 
@@ -428,13 +491,13 @@ reload_begin(master_t *m, pid_t asker)
     ric_conf_t *c;
     int i;
 
-    if (m->next_n > 0) {
-        if (asker > 0 && m->asker <= 0) {
-            m->asker = asker; /* told with the one under way */
-        }
+    if (m->next_n > 0 || m->upgrade_pid > 0) {
+        /* one at a time: a new one follows, reading the file as it is then */
+        ask_add(m->waiting, &m->nwaiting, asker);
+        m->again = 1;
         return;
     }
-    m->asker = asker;
+    ask_add(m->askers, &m->naskers, asker);
     ric_log_error(RIC_LOG_NOTICE, 0, "reloading the configuration");
     c = ric_conf_load(m->prefix, m->file, err, sizeof(err));
     if (c == NULL) {
@@ -477,7 +540,8 @@ reload_abort(master_t *m, const char *reason)
 
     for (i = 0; i < m->next_n; i++) {
         if (m->next[i].pid > 0) {
-            kill(m->next[i].pid, SIGKILL);
+            /* it may have accepted clients already: they get their answers */
+            kill(m->next[i].pid, SIGQUIT);
             drain_add(m, m->next[i].pid);
         }
     }
@@ -536,6 +600,7 @@ reload_check(master_t *m, int64_t now)
     m->next = NULL;
     m->next_n = 0;
     m->gen++;
+    m->sweep = 1; /* what only the old generation named, once it has gone */
     close_unused(m->conf);
     snprintf(line, sizeof(line), "configuration generation %u serving: %d worker%s", m->gen, m->n,
              m->n == 1 ? "" : "s");
@@ -587,13 +652,12 @@ upgrade_begin(master_t *m, pid_t asker)
     pid_t pid;
 
     if (m->upgrade_pid > 0 || m->next_n > 0 || m->handed_over) {
-        if (asker > 0 && m->asker <= 0) {
-            m->asker = asker;
-            upgrade_failed(m, "a reload or an upgrade is under way", 0);
+        if (asker > 0) {
+            reply_one(m, asker, 0, "upgrade refused: a reload or an upgrade is under way");
         }
         return;
     }
-    m->asker = asker;
+    ask_add(m->askers, &m->naskers, asker);
     if (m->exe[0] == '\0') {
         upgrade_failed(m, "the path of the running binary is unknown (/proc/self/exe)", 0);
         return;
@@ -707,6 +771,29 @@ master_reap(master_t *m, int stopping)
     }
 }
 
+/* No worker of an older generation lives: the zone's entries the serving
+ * generation does not name (removed upstreams, changed budget rules,
+ * resized or removed dictionaries, a refused generation's) are freed. */
+static void
+master_sweep(master_t *m)
+{
+    char err[512];
+    size_t freed;
+
+    m->sweep = 0;
+    ric_shm_sweep_begin(m->zone);
+    if (share(m->conf, m->zone, err, sizeof(err)) != RIC_OK) {
+        /* nothing is freed when what is kept is not known for sure */
+        ric_log_error(RIC_LOG_ALERT, 0, "cannot sweep the shared memory zone: %s", err);
+        return;
+    }
+    freed = ric_shm_sweep_end(m->zone);
+    if (freed > 0) {
+        ric_log_error(RIC_LOG_INFO, 0, "freed %zu bytes of the shared memory zone that no "
+                      "generation names any more", freed);
+    }
+}
+
 static void
 master_signal_all(master_t *m, int sig)
 {
@@ -808,6 +895,17 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             } else if (m.upgrade_pid > 0) {
                 wake = ric_min(wake, m.upgrade_deadline);
             }
+            if (m.sweep && m.ndraining == 0 && m.next_n == 0 && m.upgrade_pid == 0) {
+                master_sweep(&m);
+            }
+            if (m.again && m.next_n == 0 && m.upgrade_pid == 0 && !m.handed_over) {
+                /* asked while another ran: once more, with the file as it is now */
+                m.again = 0;
+                memcpy(m.askers, m.waiting, (size_t) m.nwaiting * sizeof(pid_t));
+                m.naskers = m.nwaiting;
+                m.nwaiting = 0;
+                reload_begin(&m, 0);
+            }
             for (i = 0, ready = 0; i < m.n && m.old_master > 0; i++) {
                 ready += m.slots[i].ready;
             }
@@ -836,6 +934,17 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             mark_ready(&m, info.si_pid);
             continue;
         }
+        if (sig == RIC_SIG_RELOAD || sig == RIC_SIG_UPGRADE) {
+            /* a -s reload or -s upgrade: queued, so none is lost, and it waits to be told */
+            if (stopping != RUNNING || m.handed_over) {
+                reply_one(&m, info.si_pid, 0, "refused: the master is stopping");
+            } else if (sig == RIC_SIG_RELOAD) {
+                reload_begin(&m, info.si_pid);
+            } else {
+                upgrade_begin(&m, info.si_pid);
+            }
+            continue;
+        }
         if (sig == RIC_SIG_UPGRADED && info.si_pid == m.upgrade_pid && m.upgrade_pid > 0) {
             char line[128];
 
@@ -845,6 +954,12 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             reload_reply(&m, 1, line);
             m.upgrade_pid = 0;
             m.handed_over = 1;
+            for (i = 0; i < m.nwaiting; i++) {
+                reply_one(&m, m.waiting[i], 0, "reload refused: the binary was upgraded meanwhile; "
+                          "the new master read the configuration as it started");
+            }
+            m.nwaiting = 0;
+            m.again = 0;
             has_pid = 0; /* the pid file is the new master's */
             if (strcmp(pid_path, "off") != 0) {
                 char old[4200];
@@ -916,6 +1031,20 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     return 0;
 }
 
+/* Whether a master holds the pid file (its lock, write_pid_file's). */
+static int
+pid_file_held(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC), held;
+
+    if (fd == -1) {
+        return 0;
+    }
+    held = flock(fd, LOCK_SH | LOCK_NB) == -1 && errno == EWOULDBLOCK;
+    close(fd);
+    return held;
+}
+
 /* -s reload and -s upgrade: SIGHUP or SIGUSR2, queued with RIC_RELOAD_ASK,
  * then the master's word. */
 static int
@@ -930,13 +1059,13 @@ reload_and_wait(const ric_conf_t *conf, pid_t pid, int how)
     ssize_t n;
     int fd, sig;
 
-    snprintf(path, sizeof(path), "%s.reload", conf->pid_path);
+    snprintf(path, sizeof(path), "%s.reload.%d", conf->pid_path, (int) getpid());
     unlink(path);
     sigemptyset(&set);
     sigaddset(&set, RIC_SIG_RELOADED);
     sigprocmask(SIG_BLOCK, &set, NULL);
     v.sival_int = RIC_RELOAD_ASK;
-    if (sigqueue(pid, how, v) == -1) {
+    if (sigqueue(pid, how == SIGHUP ? RIC_SIG_RELOAD : RIC_SIG_UPGRADE, v) == -1) {
         fprintf(stderr, "ricochet: cannot signal the master %ld: %s\n", (long) pid,
                 strerror(errno));
         return 1;
@@ -1011,9 +1140,9 @@ ric_process_signal(ric_conf_t *conf, const char *name)
         fprintf(stderr, "ricochet: invalid pid in \"%s\"\n", conf->pid_path);
         return 1;
     }
-    if (kill((pid_t) pid, 0) == -1 && errno == ESRCH) {
+    if ((kill((pid_t) pid, 0) == -1 && errno == ESRCH) || !pid_file_held(conf->pid_path)) {
         fprintf(stderr, "ricochet: no master runs: the pid file \"%s\" names %ld, which is not "
-                "running (a stale pid file)\n", conf->pid_path, pid);
+                "a running ricochet master (a stale pid file)\n", conf->pid_path, pid);
         return 1;
     }
     if (names[i].sig == SIGHUP || names[i].sig == SIGUSR2) {

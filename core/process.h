@@ -9,11 +9,16 @@
 
 struct ric_shm_s;
 
-/* A `ricochet -s reload` queues SIGHUP with this value, so that the master
- * knows whom to tell the outcome: RIC_SIG_RELOADED (value 0: the new
- * generation serves; 1: refused), with the line in PIDFILE.reload. */
+/* `ricochet -s reload` and `-s upgrade` queue RIC_SIG_RELOAD or
+ * RIC_SIG_UPGRADE (real-time signals queue: two at once are two) with
+ * RIC_RELOAD_ASK, so that the master knows whom to tell the outcome:
+ * RIC_SIG_RELOADED (value 0: the new generation serves; 1: refused), with
+ * the line in PIDFILE.reload.PID. A plain SIGHUP or SIGUSR2 (kill) does the
+ * same, untold. */
 #define RIC_RELOAD_ASK 0x52454c44
 #define RIC_SIG_RELOADED (SIGRTMIN + 2)
+#define RIC_SIG_RELOAD (SIGRTMIN + 4)
+#define RIC_SIG_UPGRADE (SIGRTMIN + 5)
 #define RIC_RELOAD_WAIT_MS 60000 /* how long -s reload waits for it */
 /* A binary upgrade's new master tells the old one its workers serve. */
 #define RIC_SIG_UPGRADED (SIGRTMIN + 3)

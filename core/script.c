@@ -87,6 +87,15 @@ static int call_running;     /* a bounded call is on the stack */
 int64_t ric_script_timeout_ms = RIC_SCRIPT_MAX_MS;
 size_t ric_script_memory_max = RIC_SCRIPT_MEMORY_MAX;
 
+void
+ric_script_limits(const ric_conf_t *conf)
+{
+    if (conf->http != NULL) {
+        ric_script_timeout_ms = conf->http->settings.script_timeout;
+        ric_script_memory_max = (size_t) conf->http->settings.script_memory_max;
+    }
+}
+
 /* A state's memory, counted by its allocator: past script_memory_max an
  * allocation fails, which LuaJIT raises as an error in the script. */
 

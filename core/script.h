@@ -49,6 +49,11 @@ int ric_script_share(const ric_conf_t *conf, struct ric_shm_s *zone, char *err, 
 extern int64_t ric_script_timeout_ms;
 extern size_t ric_script_memory_max;
 
+/* Makes conf's script_timeout and script_memory_max the bounds of every
+ * hook call in this process (a worker, for its generation; the master,
+ * back to the running one after a reload it refused). */
+void ric_script_limits(const ric_conf_t *conf);
+
 /* Loads the script at path (once per path) in this process's state: its
  * main chunk runs, bounded, and must return a table of hooks. NULL with
  * err set to "path:line: reason" when it cannot. */

@@ -65,12 +65,14 @@ ric_shared_dict_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errle
 
     for (c = conf->http ? conf->http->shared_dicts : NULL; c; c = c->next) {
         n = (uint32_t) (((size_t) c->size - sizeof(struct ric_dict_s)) / sizeof(slot_t));
-        snprintf(name, sizeof(name), "dict:%s", c->name);
+        /* named by its size too: a reload that resizes it starts it empty */
+        snprintf(name, sizeof(name), "dict:%s:%lld", c->name, (long long) c->size);
         c->dict = ric_shm_entry(zone, name, sizeof(struct ric_dict_s) + n * sizeof(slot_t),
                                 &created);
         if (c->dict == NULL) {
             snprintf(err, errlen, "%s:%d: the shared memory zone has no room for "
-                     "lua_shared_dict \"%s\"", c->file, c->line, c->name);
+                     "lua_shared_dict \"%s\" (what removed or resized dictionaries held is "
+                     "kept until a restart)", c->file, c->line, c->name);
             return RIC_ERROR;
         }
         if (created) {

@@ -1,4 +1,4 @@
-/* shm.c: a shared anonymous mapping with a bump allocator of named, aligned entries. */
+/* shm.c: a shared anonymous mapping of named, aligned entries: a bump allocator, and the blocks a sweep freed reused by entries that fit. */
 #include "shm.h"
 
 #include <errno.h>
@@ -16,12 +16,16 @@ typedef struct {
     size_t used;  /* bytes from the start of the zone */
     size_t first; /* offset of the first entry; 0: none */
     size_t last;
+    unsigned mark; /* entries made or found since the sweep began carry it */
 } shm_header_t;
 
 typedef struct {
     size_t next;     /* offset of the next entry; 0: none */
     size_t data;     /* offset of its data */
     size_t size;     /* of its data */
+    size_t end;      /* where its block ends (a freed one is reused within it) */
+    unsigned mark;
+    int free;        /* freed by a sweep: its block waits for an entry that fits */
     size_t name_len;
     char name[];
 } shm_entry_t;
@@ -69,6 +73,20 @@ entry_at(const ric_shm_t *z, size_t off)
     return off ? (shm_entry_t *) ((char *) z + off) : NULL;
 }
 
+/* Makes the entry at off (a new block, or a freed one it fits in). */
+static void *
+entry_make(ric_shm_t *z, shm_entry_t *e, const char *name, size_t len, size_t data, size_t size)
+{
+    e->data = data;
+    e->size = size;
+    e->name_len = len;
+    e->mark = z->h.mark;
+    e->free = 0;
+    memcpy(e->name, name, len + 1);
+    memset((char *) z + data, 0, size);
+    return (char *) z + data;
+}
+
 void *
 ric_shm_entry(ric_shm_t *z, const char *name, size_t size, int *created)
 {
@@ -77,8 +95,18 @@ ric_shm_entry(ric_shm_t *z, const char *name, size_t size, int *created)
 
     *created = 0;
     for (e = entry_at(z, z->h.first); e != NULL; e = entry_at(z, e->next)) {
-        if (e->name_len == len && memcmp(e->name, name, len) == 0) {
+        if (!e->free && e->name_len == len && memcmp(e->name, name, len) == 0) {
+            e->mark = z->h.mark;
             return e->size == size ? (char *) z + e->data : NULL;
+        }
+    }
+    /* a block a sweep freed, when the entry fits in it */
+    for (off = z->h.first; off != 0; off = e->next) {
+        e = entry_at(z, off);
+        data = align_up(off + sizeof(*e) + len + 1, SHM_ALIGN);
+        if (e->free && data <= e->end && size <= e->end - data) {
+            *created = 1;
+            return entry_make(z, e, name, len, data, size);
         }
     }
     off = z->h.used;
@@ -89,12 +117,8 @@ ric_shm_entry(ric_shm_t *z, const char *name, size_t size, int *created)
     }
     e = entry_at(z, off);
     e->next = 0;
-    e->data = data;
-    e->size = size;
-    e->name_len = len;
-    memcpy(e->name, name, len + 1);
-    memset((char *) z + data, 0, size);
-    z->h.used = align_up(data + size, SHM_ALIGN);
+    e->end = align_up(data + size, SHM_ALIGN);
+    z->h.used = e->end;
     if (z->h.last) {
         entry_at(z, z->h.last)->next = off;
     } else {
@@ -102,7 +126,28 @@ ric_shm_entry(ric_shm_t *z, const char *name, size_t size, int *created)
     }
     z->h.last = off;
     *created = 1;
-    return (char *) z + data;
+    return entry_make(z, e, name, len, data, size);
+}
+
+void
+ric_shm_sweep_begin(ric_shm_t *z)
+{
+    z->h.mark++;
+}
+
+size_t
+ric_shm_sweep_end(ric_shm_t *z)
+{
+    shm_entry_t *e;
+    size_t freed = 0;
+
+    for (e = entry_at(z, z->h.first); e != NULL; e = entry_at(z, e->next)) {
+        if (!e->free && e->mark != z->h.mark) {
+            e->free = 1;
+            freed += e->size;
+        }
+    }
+    return freed;
 }
 
 void
@@ -112,7 +157,9 @@ ric_shm_each(const ric_shm_t *z, void (*fn)(const char *name, void *data, size_t
     const shm_entry_t *e;
 
     for (e = entry_at(z, z->h.first); e != NULL; e = entry_at(z, e->next)) {
-        fn(e->name, (char *) z + e->data, e->size, ctx);
+        if (!e->free) {
+            fn(e->name, (char *) z + e->data, e->size, ctx);
+        }
     }
 }
 

@@ -68,7 +68,8 @@ ric_upstream_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
     return RIC_OK;
 
 full:
-    snprintf(err, errlen, "the shared memory zone (%zu bytes) cannot hold \"%s\"",
+    snprintf(err, errlen, "the shared memory zone (%zu bytes) cannot hold \"%s\" (what removed "
+             "upstreams and changed budget rules held is kept until a restart)",
              ric_shm_size(zone), name);
     return RIC_ERROR;
 }

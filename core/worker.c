@@ -5,6 +5,8 @@
 #include "conn.h"
 #include "idem_store.h"
 #include "pipeline.h"
+#include "script.h"
+#include "shared_dict.h"
 #include "log.h"
 
 #include <errno.h>
@@ -150,6 +152,10 @@ ric_worker_run(ric_conf_t *conf)
 
     ric_worker = w;
     w->conf = conf;
+    /* what is process-wide is its generation's: the bounds of a hook call,
+     * the dictionaries ricochet.shared names */
+    ric_script_limits(conf);
+    ric_shared_dict_declare(conf->http ? conf->http->shared_dicts : NULL);
     w->base = event_base_new();
     if (w->base == NULL) {
         ric_log_error(RIC_LOG_EMERG, 0, "event_base_new() failed");
