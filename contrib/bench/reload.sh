@@ -20,7 +20,7 @@ WARMUP=${BENCH_WARMUP:-1}
 EVERY=${RELOAD_EVERY:-0.5}
 ROWS="nginx nginx-reload ricochet ricochet-reload"
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port, interleave_rounds
+# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures, interleave_rounds
 . contrib/bench/lib.sh
 
 need_tools wrk nginx luajit curl awk
@@ -109,9 +109,8 @@ reload_once() { # proxy
     esac
 }
 
-# Prints "ROW REQUESTS_PER_S P99_MS NON2XX SOCKET_ERRORS RELOADS" for ROW over SECONDS.
+# Prints "REQUESTS_PER_S P99_MS LOST NON2XX SOCKET_ERRORS RELOADS" for ROW over SECONDS.
 run_wrk() { # row seconds
-    row_=$1
     proxy=${1%-reload}
     port=$nport
     [ "$proxy" = ricochet ] && port=$rport
@@ -130,33 +129,20 @@ run_wrk() { # row seconds
     set -- $(wrk_figures "$out")
     sock=$(awk '/Socket errors/ { gsub(",", ""); print $4 + $6 + $8 + $10; found = 1 } END { if (!found) print 0 }' "$out")
     non2xx=$(awk '/Non-2xx/ { print $4; found = 1 } END { if (!found) print 0 }' "$out")
-    echo "$row_ $1 $2 $non2xx $sock $n"
+    echo "$1 $2 $((non2xx + sock)) $non2xx $sock $n"
 }
 
 echo "proxies: nginx proxy_pass, ricochet; one worker each; wrk -t1 -c$CONNS -d${DURATION}s, keep-alive"
 echo "reload rows: the proxy reloads its (unchanged) configuration every ${EVERY}s during the run"
 echo
-printf '%-6s %-16s %12s %9s %7s %7s %8s\n' round proxy requests/s "p99 ms" non2xx sockerr reloads
+echo "round proxy requests/s p99_ms lost non2xx sockerr reloads"
 : > "$dir/results"
-if [ "$WARMUP" != 0 ]; then
-    for row in $ROWS; do run_wrk "$row" "$WARMUP" > /dev/null; done
-fi
-round=1
-while [ "$round" -le "$ROUNDS" ]; do
-    for row in $ROWS; do
-        # shellcheck disable=SC2046
-        set -- $(run_wrk "$row" "$DURATION")
-        echo "$round $*" >> "$dir/results"
-        printf '%-6s %-16s %12s %9s %7s %7s %8s\n' "$round" "$1" "$2" "$3" "$4" "$5" "$6"
-    done
-    round=$((round + 1))
-done
-
+interleave_rounds 0
 echo
 echo "summary: requests/s mean over rounds, p99 median, lost = non-2xx + socket errors (sum)"
 printf '%-16s %12s %9s %7s %8s %s\n' proxy requests/s "p99 ms" lost reloads "with reloads / without"
 awk -v rows="$ROWS" '
-    { rps[$2] += $3; n[$2]++; p[$2, n[$2]] = $4; lost[$2] += $5 + $6; rel[$2] += $7 }
+    { rps[$2] += $3; n[$2]++; p[$2, n[$2]] = $4; lost[$2] += $5; rel[$2] += $8 }
     END {
         k = split(rows, order, " ")
         for (i = 1; i <= k; i++) {

@@ -578,6 +578,16 @@ end
 function H.header_values(resp, name) return values_in(resp.header_list, name) end
 function H.hit_values(hit, name) return values_in(hit.headers, name) end
 
+-- The value of the request field `name` that up saw on one request through the gateway at
+-- gw_port (the program reset first), or nil when it was not answered 200.
+function H.seen_upstream(gw_port, up, name)
+    up:reset()
+    local r = H.request(gw_port, { path = "/seen" })
+    if not r or r.status ~= 200 then return nil end
+    local hits = up:hits()
+    return hits[#hits] and H.hit_values(hits[#hits], name)[1]
+end
+
 local function read_chunked(rd, deadline, resp)
     local parts, trailers = {}, {}
     resp.trailers = trailers
@@ -1081,16 +1091,19 @@ local function render(conf, vars)
     return out
 end
 
+-- Config text with the gateway's own placeholders filled in (plus extra vars).
+function Gateway:render(conf, extra)
+    local vars = {}
+    for k, v in pairs(self.vars) do vars[k] = v end
+    for k, v in pairs(extra or {}) do vars[k] = v end
+    return render(conf, vars)
+end
+
 -- Writes a new config for the gateway (the same placeholders, plus extra vars) and asks the
 -- running master to reload it: `ricochet -s reload`, which waits for the outcome.
 -- Returns its exit code and output.
 function Gateway:reload(conf, extra)
-    if conf then
-        local vars = {}
-        for k, v in pairs(self.vars) do vars[k] = v end
-        for k, v in pairs(extra or {}) do vars[k] = v end
-        write_file(self.conf_path, render(conf, vars))
-    end
+    if conf then write_file(self.conf_path, self:render(conf, extra)) end
     return H.run({ self.argv[1], "-p", self.prefix, "-c", self.conf_path, "-s", "reload" },
         { timeout = 70 })
 end

@@ -17,16 +17,10 @@ http {
 }
 ]]
 
-local function generation(gw, up)
-    up:reset()
-    local r = H.request(gw.port, { path = "/which" })
-    if not r or r.status ~= 200 then return nil end
-    local hits = up:hits()
-    return hits[#hits] and H.hit_values(hits[#hits], "x-generation")[1]
-end
+local function generation(gw, up) return H.seen_upstream(gw.port, up, "x-generation") end
 
 local function render(gw, gen)
-    return (CONF:gsub("{{UPSTREAM}}", gw.vars.UPSTREAM):gsub("{{PORT}}", gw.vars.PORT):gsub("{{GEN}}", gen))
+    return gw:render(CONF, { GEN = gen })
 end
 
 describe("concurrent reloads", function()

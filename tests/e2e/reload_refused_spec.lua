@@ -66,8 +66,7 @@ describe("a refused reload", function()
         local r = H.request(gw.port, { path = "/count" })
         assert.equal(200, r and r.status, gw:log())
         -- a raw SIGHUP: `-s reload` itself refuses a config it cannot load, before asking the master
-        H.write_file(gw.conf_path, (BAD:gsub("{{UPSTREAM}}", gw.vars.UPSTREAM):gsub("{{PORT}}", gw.vars.PORT)
-            :gsub("{{SCRIPT}}", dir .. "/route.lua")))
+        H.write_file(gw.conf_path, gw:render(BAD))
         gw:signal("HUP")
         assert.truthy(H.wait_until(function() return gw:log():find("generation 1 keeps serving") end, 10), gw:log())
         local old = gw:workers()[1]

@@ -28,13 +28,7 @@ http {
 ]]
 
 -- The generation the next request meets (the X-Generation the upstream saw), or nil.
-local function generation(gw, up)
-    up:reset()
-    local r = H.request(gw.port, { path = "/which" })
-    if not r or r.status ~= 200 then return nil end
-    local hits = up:hits()
-    return hits[#hits] and H.hit_values(hits[#hits], "x-generation")[1]
-end
+local function generation(gw, up) return H.seen_upstream(gw.port, up, "x-generation") end
 
 describe("hot reload", function()
     local up, gw
@@ -96,8 +90,7 @@ describe("hot reload", function()
 
     it("refuses a config on a raw SIGHUP too: the reason is logged, the old one serves", function()
         local bad = CONF:gsub("proxy_pass http://up;", "proxy_pass http://nowhere;")
-        H.write_file(gw.conf_path, (bad:gsub("{{UPSTREAM}}", gw.vars.UPSTREAM):gsub("{{PORT}}", gw.vars.PORT)
-            :gsub("{{PREFIX}}", gw.prefix):gsub("{{GEN}}", "two")))
+        H.write_file(gw.conf_path, gw:render(bad, { GEN = "two" }))
         gw:signal("HUP")
         assert.truthy(H.wait_until(function() return gw:log():find("reload refused: .-ricochet%.conf:%d+:") end, 10),
             ctx(gw))
@@ -148,11 +141,9 @@ describe("hot reload", function()
         local conns = {}
         for i = 1, 4 do conns[i] = assert(H.connect(gw.port)) end
         local other = gw.conf_path .. ".two"
-        H.write_file(other, (CONF:gsub("{{UPSTREAM}}", gw.vars.UPSTREAM):gsub("{{PORT}}", gw.vars.PORT)
-            :gsub("{{PREFIX}}", gw.prefix):gsub("{{GEN}}", "two")))
+        H.write_file(other, gw:render(CONF, { GEN = "two" }))
         local first = gw.conf_path .. ".one"
-        H.write_file(first, (CONF:gsub("{{UPSTREAM}}", gw.vars.UPSTREAM):gsub("{{PORT}}", gw.vars.PORT)
-            :gsub("{{PREFIX}}", gw.prefix):gsub("{{GEN}}", "one")))
+        H.write_file(first, gw:render(CONF, { GEN = "one" }))
         local done = gw.prefix .. "/reloads.done"
         local bin = H.shell_quote(gw.argv[1])
         local script = ("for i in 1 2 3 4 5 6 7 8 9 10; do "
