@@ -7,7 +7,7 @@ BUILD ?= build
 CC ?= cc
 SAN ?=
 
-PKGS := luajit libevent openssl lmdb hiredis
+PKGS := luajit libevent openssl lmdb hiredis libsystemd
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

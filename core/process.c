@@ -11,6 +11,7 @@
 #include "worker.h"
 
 #include <errno.h>
+#include <systemd/sd-daemon.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -395,6 +396,7 @@ typedef struct {
     int nwaiting;
     int again;                 /* a reload was asked while one was under way: one more follows */
     int sweep;                 /* the zone has entries no generation may need: sweep once drained */
+    int told_ready;            /* its first workers serve, and it said so */
     pid_t *draining;           /* workers of older generations, finishing */
     int ndraining, draining_cap;
     const char *prefix, *file; /* as the command line gave them, to read the config again */
@@ -477,6 +479,7 @@ reload_fail(master_t *m, const char *reason)
     ric_script_limits(m->conf);
     ric_shared_dict_declare(m->conf->http ? m->conf->http->shared_dicts : NULL);
     m->sweep = 1; /* what the refused one made in the zone */
+    sd_notifyf(0, "READY=1\nSTATUS=%s", line);
     reload_reply(m, 0, line);
 }
 
@@ -499,6 +502,7 @@ reload_begin(master_t *m, pid_t asker)
     }
     ask_add(m->askers, &m->naskers, asker);
     ric_log_error(RIC_LOG_NOTICE, 0, "reloading the configuration");
+    sd_notify(0, "RELOADING=1"); /* systemd, when it runs the master (Type=notify) */
     c = ric_conf_load(m->prefix, m->file, err, sizeof(err));
     if (c == NULL) {
         reload_fail(m, err);
@@ -605,6 +609,7 @@ reload_check(master_t *m, int64_t now)
     snprintf(line, sizeof(line), "configuration generation %u serving: %d worker%s", m->gen, m->n,
              m->n == 1 ? "" : "s");
     ric_log_error(RIC_LOG_NOTICE, 0, "%s", line);
+    sd_notifyf(0, "READY=1\nSTATUS=%s", line);
     reload_reply(m, 1, line);
 }
 
@@ -906,13 +911,19 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
                 m.nwaiting = 0;
                 reload_begin(&m, 0);
             }
-            for (i = 0, ready = 0; i < m.n && m.old_master > 0; i++) {
+            for (i = 0, ready = 0; i < m.n && !m.told_ready; i++) {
                 ready += m.slots[i].ready;
             }
-            if (m.old_master > 0 && ready == m.n) {
-                /* an upgrade's new master: every worker serves, the old one may go */
-                kill(m.old_master, RIC_SIG_UPGRADED);
-                m.old_master = 0;
+            if (!m.told_ready && ready == m.n) {
+                /* every worker serves: systemd hears it (the main process is this
+                 * one, also after an upgrade), and an upgrade's old master may go */
+                m.told_ready = 1;
+                sd_notifyf(0, "MAINPID=%d\nREADY=1\nSTATUS=ricochet/%s serving: %d worker%s",
+                           (int) getpid(), RIC_VERSION, m.n, m.n == 1 ? "" : "s");
+                if (m.old_master > 0) {
+                    kill(m.old_master, RIC_SIG_UPGRADED);
+                    m.old_master = 0;
+                }
             }
         } else {
             if (master_alive(&m) == 0) {
@@ -976,6 +987,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
         case SIGTERM:
         case SIGINT:
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, stopping", sig);
+            sd_notify(0, "STOPPING=1");
             if (m.next_n > 0) {
                 reload_abort(&m, "the master is stopping");
             }
@@ -986,6 +998,9 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
         case SIGQUIT:
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, shutting down gracefully",
                           sig);
+            if (!m.handed_over) {
+                sd_notify(0, "STOPPING=1"); /* (after an upgrade, the new master is the service) */
+            }
             if (m.next_n > 0) {
                 reload_abort(&m, "the master is shutting down");
             }

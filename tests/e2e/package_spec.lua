@@ -60,7 +60,8 @@ describe("the Debian package", function()
 
     it("has a unit whose start, reload and stop work as systemd runs them", function()
         local unit = "\n" .. H.read_file(root .. "/lib/systemd/system/ricochet.service")
-        assert.equal("/run/ricochet.pid", unit_value(unit, "PIDFile"))
+        assert.equal("notify", unit_value(unit, "Type"))
+        assert.equal("all", unit_value(unit, "NotifyAccess"))
         assert.equal("SIGQUIT", unit_value(unit, "KillSignal"))
         local pre, start, reload = unit_value(unit, "ExecStartPre"), unit_value(unit, "ExecStart"),
             unit_value(unit, "ExecReload")

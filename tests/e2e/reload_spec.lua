@@ -423,6 +423,43 @@ describe("a binary upgrade (-s upgrade)", function()
         assert.equal(200, r and r.status)
     end)
 
+    it("tells systemd (NOTIFY_SOCKET) when it serves, reloads, and which master serves after an upgrade", function()
+        gw:stop()
+        local unix = require("socket.unix")
+        local path = bindir .. "/notify.sock"
+        local sock = assert(unix.dgram())
+        assert(sock:bind(path))
+        sock:settimeout(10)
+        gw = H.start_gateway({ conf = CONF, upstream = up, vars = { GEN = "one" }, bin = bindir .. "/ricochet",
+            env = { NOTIFY_SOCKET = path } })
+        -- what the master sends, until one message has want (bounded)
+        local function heard(want)
+            local all = {}
+            for _ = 1, 20 do
+                local msg = sock:receive()
+                if not msg then break end
+                all[#all + 1] = msg
+                if msg:find(want) then return msg end
+            end
+            error("no \"" .. want .. "\" in: " .. table.concat(all, " | "))
+        end
+        local ok, err = pcall(function()
+            assert.matches("MAINPID=" .. gw.pid, heard("READY=1"))
+            local code, out = gw:reload(CONF, { GEN = "two" })
+            assert.equal(0, code, out)
+            heard("RELOADING=1")
+            assert.matches("generation 2 serving", heard("READY=1"))
+            code, out = upgrade()
+            assert.equal(0, code, out)
+            local new = pid_in_file()
+            assert.truthy(new and new ~= gw.pid)
+            assert.matches("MAINPID=" .. new, heard("MAINPID="))
+        end)
+        sock:close()
+        os.remove(path)
+        assert(ok, err)
+    end)
+
     it("keeps serving, and says why, when the new binary does not start", function()
         local broken = bindir .. "/ricochet.new"
         H.write_file(broken, "#!/bin/sh\nexit 3\n")
