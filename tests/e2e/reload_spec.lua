@@ -273,7 +273,7 @@ local function rss_kib(pid)
 end
 
 describe("fifty reloads", function()
-    it("leave the master's memory where ten left it", function()
+    it("leave the master's memory, and a new worker's, where ten left them", function()
         local up = H.start_upstream()
         up:program({ default = { status = 200, body = "ok" } })
         local dir = H.mkdtemp("rss")
@@ -281,16 +281,22 @@ describe("fifty reloads", function()
         local conf = CONF:gsub("proxy_set_header X%-Generation {{GEN}};",
             "proxy_set_header X-Generation {{GEN}};\n            script " .. dir .. "/route.lua;")
         local gw = H.start_gateway({ conf = conf, upstream = up, vars = { GEN = "0" } })
-        local after10
+        local after10, worker10
         for i = 1, 50 do
             local code, out = gw:reload(conf, { GEN = tostring(i) })
             if code ~= 0 then
                 gw:stop(); up:stop(); H.rm_rf(dir)
                 error("reload " .. i .. " failed: " .. out)
             end
-            if i == 10 then after10 = rss_kib(gw.pid) end
+            if i == 10 then
+                after10 = rss_kib(gw.pid)
+                H.wait_until(function() return #gw:workers() == 2 end, 10)
+                worker10 = rss_kib(gw:workers()[1])
+            end
         end
         local after50 = rss_kib(gw.pid)
+        H.wait_until(function() return #gw:workers() == 2 end, 10)
+        local worker50 = rss_kib(gw:workers()[1])
         local r = H.request(gw.port, { path = "/after" })
         gw:stop()
         up:stop()
@@ -302,6 +308,9 @@ describe("fifty reloads", function()
         end
         -- forty more reloads grow it by less than 1 MiB (a leaked Lua state or TLS context is more)
         assert.truthy(after50 - after10 < 1024, ("RSS %d KiB after 10 reloads, %d KiB after 50"):format(after10, after50))
+        -- a worker of the 50th generation is no larger than one of the 10th
+        assert.truthy(worker10 and worker50 and worker50 - worker10 < 1024,
+            ("a worker's RSS %s KiB after 10 reloads, %s KiB after 50"):format(tostring(worker10), tostring(worker50)))
     end)
 end)
 
