@@ -349,6 +349,26 @@ write_pid_file(const char *path)
     return RIC_OK;
 }
 
+/* At exit: the pid file goes if it still names this master (an upgrade's
+ * old master may have put its own back meanwhile). */
+static void
+pid_file_remove(const char *path)
+{
+    char buf[32];
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd == -1) {
+        return;
+    }
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    if (strtol(buf, NULL, 10) == (long) getpid()) {
+        unlink(path);
+    }
+}
+
 static int
 daemonize(void)
 {
@@ -460,10 +480,15 @@ reload_reply(master_t *m, int ok, const char *line)
 }
 
 static void
-ask_add(pid_t *list, int *n, pid_t asker)
+ask_add(const master_t *m, pid_t *list, int *n, pid_t asker)
 {
-    if (asker > 0 && *n < MAX_ASKERS) {
+    if (asker <= 0) {
+        return;
+    }
+    if (*n < MAX_ASKERS) {
         list[(*n)++] = asker;
+    } else {
+        reply_one(m, asker, 0, "refused: too many reloads wait already; ask again");
     }
 }
 
@@ -496,11 +521,11 @@ reload_begin(master_t *m, pid_t asker)
 
     if (m->next_n > 0 || m->upgrade_pid > 0) {
         /* one at a time: a new one follows, reading the file as it is then */
-        ask_add(m->waiting, &m->nwaiting, asker);
+        ask_add(m, m->waiting, &m->nwaiting, asker);
         m->again = 1;
         return;
     }
-    ask_add(m->askers, &m->naskers, asker);
+    ask_add(m, m->askers, &m->naskers, asker);
     ric_log_error(RIC_LOG_NOTICE, 0, "reloading the configuration");
     sd_notify(0, "RELOADING=1"); /* systemd, when it runs the master (Type=notify) */
     c = ric_conf_load(m->prefix, m->file, err, sizeof(err));
@@ -662,7 +687,7 @@ upgrade_begin(master_t *m, pid_t asker)
         }
         return;
     }
-    ask_add(m->askers, &m->naskers, asker);
+    ask_add(m, m->askers, &m->naskers, asker);
     if (m->exe[0] == '\0') {
         upgrade_failed(m, "the path of the running binary is unknown (/proc/self/exe)", 0);
         return;
@@ -799,6 +824,29 @@ master_sweep(master_t *m)
     }
 }
 
+/* The master stops (sig, to the workers): a reload or an upgrade under way
+ * ends with it (an upgrade's new master is told the same), and whoever
+ * waits for one is told. */
+static void
+master_stopping(master_t *m, int sig)
+{
+    int i;
+
+    if (m->next_n > 0) {
+        reload_abort(m, "the master is stopping");
+    }
+    if (m->upgrade_pid > 0) {
+        kill(m->upgrade_pid, sig);
+        drain_add(m, m->upgrade_pid);
+        upgrade_failed(m, "the master is stopping", 1);
+    }
+    for (i = 0; i < m->nwaiting; i++) {
+        reply_one(m, m->waiting[i], 0, "refused: the master is stopping");
+    }
+    m->nwaiting = 0;
+    m->again = 0;
+}
+
 static void
 master_signal_all(master_t *m, int sig)
 {
@@ -856,6 +904,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     }
     m.n = (int) conf->worker_processes;
     m.slots = ric_xcalloc((size_t) m.n, sizeof(worker_slot_t));
+    close_unused(conf); /* sockets an upgrade handed over that this config does not name */
     snprintf(pid_path, sizeof(pid_path), "%s", conf->pid_path);
     master_signals(&set);
     sigprocmask(SIG_BLOCK, &set, NULL);
@@ -988,9 +1037,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
         case SIGINT:
             ric_log_error(RIC_LOG_NOTICE, 0, "signal %d received, stopping", sig);
             sd_notify(0, "STOPPING=1");
-            if (m.next_n > 0) {
-                reload_abort(&m, "the master is stopping");
-            }
+            master_stopping(&m, SIGTERM);
             stopping = STOP_FAST;
             master_signal_all(&m, SIGTERM);
             kill_at = ric_now_ms() + FAST_STOP_GRACE_MS;
@@ -1001,9 +1048,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             if (!m.handed_over) {
                 sd_notify(0, "STOPPING=1"); /* (after an upgrade, the new master is the service) */
             }
-            if (m.next_n > 0) {
-                reload_abort(&m, "the master is shutting down");
-            }
+            master_stopping(&m, SIGQUIT);
             if (stopping == RUNNING) {
                 stopping = STOP_GRACEFUL;
                 kill_at = ric_now_ms() + m.conf->worker_shutdown_timeout + FAST_STOP_GRACE_MS;
@@ -1037,7 +1082,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     }
 
     if (has_pid) {
-        unlink(pid_path);
+        pid_file_remove(pid_path);
     }
     ric_log_error(RIC_LOG_NOTICE, 0, "exit");
     free(m.slots);
@@ -1143,8 +1188,17 @@ ric_process_signal(ric_conf_t *conf, const char *name)
     }
     fd = open(conf->pid_path, O_RDONLY | O_CLOEXEC);
     if (fd == -1) {
-        fprintf(stderr, "ricochet: cannot open the pid file \"%s\": %s\n", conf->pid_path,
-                strerror(errno));
+        char old[4200];
+        struct stat st;
+
+        snprintf(old, sizeof(old), "%s.oldbin", conf->pid_path);
+        if (errno == ENOENT && stat(old, &st) == 0 && pid_file_held(old)) {
+            fprintf(stderr, "ricochet: an upgrade is under way (\"%s\" names the old master): "
+                    "ask again once it ends\n", old);
+        } else {
+            fprintf(stderr, "ricochet: cannot open the pid file \"%s\": %s (no master runs?)\n",
+                    conf->pid_path, strerror(errno));
+        }
         return 1;
     }
     n = read(fd, buf, sizeof(buf) - 1);
