@@ -65,7 +65,10 @@ if [ "$1" = configure ]; then
         systemctl daemon-reload > /dev/null 2>&1 || true
         systemctl enable ricochet.service > /dev/null 2>&1 || true
         if systemctl is-active --quiet ricochet.service; then
-            systemctl restart ricochet.service || true
+            # the new binary takes the sockets over without dropping a request
+            # (the unit follows the new master); a restart if it cannot
+            /usr/sbin/ricochet -c /etc/ricochet/ricochet.conf -s upgrade > /dev/null 2>&1 \
+                || systemctl restart ricochet.service || true
         else
             systemctl start ricochet.service || true
         fi
