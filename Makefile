@@ -28,7 +28,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRC))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: deb all run test asan fuzz bench bench-faults bench-reload bench-idempotency bench-tls install clean help deps deps-test deps-run
+.PHONY: deb all run test asan fuzz bench bench-faults bench-reload bench-profile bench-idempotency bench-tls install clean help deps deps-test deps-run
 .DEFAULT_GOAL := all
 
 all: deps $(BUILD)/ricochet
@@ -44,6 +44,7 @@ help:
 	@echo "                then retries under injected upstream faults"
 	@echo "make bench-faults  only the fault scenarios (contrib/bench/faults.sh)"
 	@echo "make bench-idempotency  only the idempotency store's cost (contrib/bench/idempotency.sh)"
+	@echo "make bench-profile  perf profiles of the nginx and ricochet workers, 1 KiB and 64 KiB (contrib/bench/profile.sh)"
 	@echo "make bench-reload  a steady load with and without a reload every 0.5 s, against nginx (contrib/bench/reload.sh)"
 	@echo "make bench-tls  only TLS (to the upstream, and terminating it) against nginx and HAProxy (contrib/bench/tls.sh)"
 	@echo "make install    install into DESTDIR/PREFIX (default /usr/local)"
@@ -142,6 +143,10 @@ bench-tls: $(BUILD)/ricochet
 bench-reload: $(BUILD)/ricochet
 	@sh contrib/deps.sh bench
 	sh contrib/bench/reload.sh
+
+bench-profile: $(BUILD)/ricochet
+	@sh contrib/deps.sh bench
+	sh contrib/bench/profile.sh
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(SYSCONFDIR)/ricochet
