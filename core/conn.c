@@ -22,6 +22,13 @@ static void arm_read(ric_conn_t *c, int64_t deadline);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void conn_run(ric_conn_t *c);
 static void conn_free(ric_conn_t *c);
+/* The worker stops now: closes c, a request under way ending as shutdown. */
+static void conn_stop(ric_conn_t *c);
+/* Closes c if it is idle between requests (the set needs the room); 1 when it did. */
+static int conn_reclaim(ric_conn_t *c);
+/* Graceful stop: closes c if it is idle (after a moment for a request that
+ * may be on its way); otherwise once its current answer is written. */
+static void conn_shutdown(ric_conn_t *c);
 
 static void
 format_peer(ric_conn_t *c, const struct sockaddr *sa)
@@ -64,7 +71,7 @@ set_add(ric_conn_set_t *s, ric_conn_t *c)
     for (l = s->list.head; l && reclaimed < RECLAIM_AT_ONCE; l = next) {
         next = l->next;
         if (l != &c->link) {
-            reclaimed += ric_conn_reclaim(ric_list_entry(l, ric_conn_t, link));
+            reclaimed += conn_reclaim(ric_list_entry(l, ric_conn_t, link));
         }
     }
     if (s->n >= s->max && !s->draining) {
@@ -97,7 +104,7 @@ ric_conn_set_drain(ric_conn_set_t *s, int64_t drain_ms)
     s->drain_ms = drain_ms;
     for (l = s->list.head; l; l = next) {
         next = l->next;
-        ric_conn_shutdown(ric_list_entry(l, ric_conn_t, link));
+        conn_shutdown(ric_list_entry(l, ric_conn_t, link));
     }
 }
 
@@ -108,7 +115,7 @@ ric_conn_set_close_all(ric_conn_set_t *s)
 
     s->draining = 1; /* closing the rest must not ask for room */
     while ((c = ric_list_first(&s->list, ric_conn_t, link)) != NULL) {
-        ric_conn_stop(c);
+        conn_stop(c);
     }
 }
 
@@ -211,8 +218,8 @@ ric_conn_close(ric_conn_t *c)
     conn_end(c, RIC_END_CLIENT_GONE);
 }
 
-void
-ric_conn_stop(ric_conn_t *c)
+static void
+conn_stop(ric_conn_t *c)
 {
     conn_end(c, RIC_END_SHUTDOWN);
 }
@@ -777,8 +784,8 @@ conn_run(ric_conn_t *c)
     }
 }
 
-int
-ric_conn_reclaim(ric_conn_t *c)
+static int
+conn_reclaim(ric_conn_t *c)
 {
     /* idle between requests, nothing arrived and not closed by the client:
      * a plain close, which a keep-alive client must expect at any time */
@@ -794,8 +801,8 @@ ric_conn_reclaim(ric_conn_t *c)
     return 1;
 }
 
-void
-ric_conn_shutdown(ric_conn_t *c)
+static void
+conn_shutdown(ric_conn_t *c)
 {
     ssize_t n;
 
@@ -808,7 +815,7 @@ ric_conn_shutdown(ric_conn_t *c)
     }
     if (c->r != NULL) {
         /* leave room to write the answer before worker_shutdown_timeout */
-        c->set->handler->shutdown(c->r, ric_now_ms() + c->set->drain_ms);
+        c->set->handler->drain(c->r, ric_now_ms() + c->set->drain_ms);
         return;
     }
     if (c->state != RIC_CONN_HEAD || c->in_len > 0) {

@@ -46,7 +46,7 @@ typedef struct {
      * or the worker stops): it ends now, with ric_conn_request_done. */
     void (*gone)(ric_request_t *r, ric_request_end_t end);
     /* The worker stops gracefully: no attempt starts after deadline_ms. */
-    void (*shutdown)(ric_request_t *r, int64_t deadline_ms);
+    void (*drain)(ric_request_t *r, int64_t deadline_ms);
 } ric_conn_handler_t;
 
 /* A worker's open client connections, kept by conn.c. Past max, idle
@@ -68,11 +68,12 @@ typedef struct {
 } ric_conn_set_t;
 
 /* Drains the set: no more room() calls; every connection finishes what it
- * is doing and closes (ric_conn_shutdown); a request under way must be
+ * is doing and closes (an idle one after a moment); a request under way must be
  * answered within drain_ms. */
 void ric_conn_set_drain(ric_conn_set_t *s, int64_t drain_ms);
 
-/* Closes every connection of the set now (ric_conn_stop). */
+/* Closes every connection of the set now (a request under way ends as
+ * shutdown). */
 void ric_conn_set_close_all(ric_conn_set_t *s);
 
 struct ric_conn_s {
@@ -135,18 +136,6 @@ int ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct 
 
 /* Closes the connection now (a request under way ends as client gone). */
 void ric_conn_close(ric_conn_t *c);
-
-/* The worker stops now: closes the connection, a request under way ending
- * as shutdown. */
-void ric_conn_stop(ric_conn_t *c);
-
-/* Closes c if it is idle between requests (the worker needs the room).
- * Returns 1 when it did. */
-int ric_conn_reclaim(ric_conn_t *c);
-
-/* Graceful shutdown: closes c if it is idle between requests; otherwise it
- * closes once its current answer is written. */
-void ric_conn_shutdown(ric_conn_t *c);
 
 /* --- what the current request uses -------------------------------------- */
 

@@ -163,18 +163,26 @@ failed:
     return RIC_ERROR;
 }
 
+/* Whether a listener of conf has the socket fd. */
+static int
+listens_on(const ric_conf_t *conf, int fd)
+{
+    const ric_listener_t *ls;
+
+    for (ls = conf->listeners; ls && ls->fd != fd; ls = ls->next) {
+    }
+    return ls != NULL;
+}
+
 /* The sockets no listener of conf uses are closed (a reload removed their
  * address: the workers that still accept on them have their own copy). */
 static void
 close_unused(const ric_conf_t *conf)
 {
     listen_socket_t **sp = &sockets, *s;
-    const ric_listener_t *ls;
 
     while ((s = *sp) != NULL) {
-        for (ls = conf->listeners; ls && ls->fd != s->fd; ls = ls->next) {
-        }
-        if (ls == NULL) {
+        if (!listens_on(conf, s->fd)) {
             *sp = s->next;
             close(s->fd);
             free(s);
@@ -253,12 +261,9 @@ static void
 close_others(const ric_conf_t *conf)
 {
     const listen_socket_t *s;
-    const ric_listener_t *ls;
 
     for (s = sockets; s; s = s->next) {
-        for (ls = conf->listeners; ls && ls->fd != s->fd; ls = ls->next) {
-        }
-        if (ls == NULL) {
+        if (!listens_on(conf, s->fd)) {
             close(s->fd);
         }
     }
@@ -349,22 +354,31 @@ write_pid_file(const char *path)
     return RIC_OK;
 }
 
-/* At exit: the pid file goes if it still names this master (an upgrade's
- * old master may have put its own back meanwhile). */
-static void
-pid_file_remove(const char *path)
+/* The pid a pid file names: > 0; 0 when it names none; -1 (errno) when it
+ * cannot be opened. */
+static long
+pid_file_read(const char *path)
 {
     char buf[32];
     ssize_t n;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
 
     if (fd == -1) {
-        return;
+        return -1;
     }
     n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
     buf[n > 0 ? n : 0] = '\0';
-    if (strtol(buf, NULL, 10) == (long) getpid()) {
+    n = (ssize_t) strtol(buf, NULL, 10);
+    return n > 0 ? (long) n : 0;
+}
+
+/* At exit: the pid file goes if it still names this master (an upgrade's
+ * old master may have put its own back meanwhile). */
+static void
+pid_file_remove(const char *path)
+{
+    if (pid_file_read(path) == (long) getpid()) {
         unlink(path);
     }
 }
@@ -1168,11 +1182,8 @@ ric_process_signal(ric_conf_t *conf, const char *name)
         { "stop", SIGTERM }, { "quit", SIGQUIT }, { "reopen", SIGUSR1 }, { "reload", SIGHUP },
         { "upgrade", SIGUSR2 }
     };
-    char buf[32];
-    ssize_t n;
     size_t i;
     long pid;
-    int fd;
 
     for (i = 0; i < ric_nelems(names) && strcmp(names[i].name, name) != 0; i++) {
     }
@@ -1186,8 +1197,8 @@ ric_process_signal(ric_conf_t *conf, const char *name)
                 conf->file);
         return 1;
     }
-    fd = open(conf->pid_path, O_RDONLY | O_CLOEXEC);
-    if (fd == -1) {
+    pid = pid_file_read(conf->pid_path);
+    if (pid == -1) {
         char old[4200];
         struct stat st;
 
@@ -1201,11 +1212,7 @@ ric_process_signal(ric_conf_t *conf, const char *name)
         }
         return 1;
     }
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    buf[n > 0 ? n : 0] = '\0';
-    pid = strtol(buf, NULL, 10);
-    if (pid <= 0) {
+    if (pid == 0) {
         fprintf(stderr, "ricochet: invalid pid in \"%s\"\n", conf->pid_path);
         return 1;
     }

@@ -448,12 +448,12 @@ client_writable(ric_request_t *r)
 }
 
 static void
-request_shutdown(ric_request_t *r, int64_t deadline_ms)
+request_drain(ric_request_t *r, int64_t deadline_ms)
 {
     const ric_phase_t *ph = running_phase(r);
 
-    if (ph != NULL && ph->shutdown != NULL) {
-        ph->shutdown(r, deadline_ms);
+    if (ph != NULL && ph->drain != NULL) {
+        ph->drain(r, deadline_ms);
     }
 }
 
@@ -466,7 +466,7 @@ const ric_conn_handler_t ric_request_conn_handler = {
     .writable = client_writable,
     .outlive = request_outlive,
     .gone = ric_request_finalize,
-    .shutdown = request_shutdown,
+    .drain = request_drain,
 };
 
 /* --- the last cleanup ------------------------------------------------------- */

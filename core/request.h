@@ -30,7 +30,7 @@ typedef struct {
     /* The running phase's: the client's body broke (an answer follows). */
     void (*body_broke)(ric_request_t *r);
     /* ...the worker stops gracefully: nothing new starts after deadline_ms. */
-    void (*shutdown)(ric_request_t *r, int64_t deadline_ms);
+    void (*drain)(ric_request_t *r, int64_t deadline_ms);
     /* ...the client socket can take more of the answer. */
     void (*writable)(ric_request_t *r);
 } ric_phase_t;

@@ -1,4 +1,4 @@
-# lib.sh: helpers shared by contrib/bench/run.sh and contrib/bench/faults.sh.
+# lib.sh: helpers shared by the benchmarks in contrib/bench/.
 # Sourced, not run; POSIX sh. Uses and sets the callers' globals: `dir` (the
 # temp dir) and `pids` (every process to end at exit).
 
@@ -141,4 +141,72 @@ interleave_rounds() { # strict
         done
         round=$((round + 1))
     done
+}
+
+# One worker each, keep-alive both ways: an nginx upstream serving $dir's
+# files, an nginx proxy and a ricochet proxy in front of it (their dirs under
+# $dir). Each waits for its port; pids in $upid, $npid, $rpid (and $pids).
+start_nginx_upstream() { # port
+    mkdir -p "$dir/upstream/logs"
+    cat > "$dir/upstream/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $dir/upstream/nginx.pid;
+error_log $dir/upstream/logs/error.log error;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    root $dir;
+    server { listen 127.0.0.1:$1; location / { } }
+}
+CONF
+    nginx -p "$dir/upstream" -c "$dir/upstream/nginx.conf" 2> "$dir/upstream.err" &
+    upid=$!
+    pids="$pids $upid"
+    wait_port upstream "$1" "$upid"
+}
+
+start_nginx_proxy() { # port upstream_port
+    mkdir -p "$dir/nginx/logs"
+    cat > "$dir/nginx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $dir/nginx/nginx.pid;
+error_log $dir/nginx/logs/error.log error;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    upstream backend { server 127.0.0.1:$2; keepalive 64; }
+    server {
+        listen 127.0.0.1:$1;
+        location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    }
+}
+CONF
+    nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
+    npid=$!
+    pids="$pids $npid"
+    wait_port nginx "$1" "$npid"
+}
+
+start_ricochet_proxy() { # port upstream_port [main-level directives]
+    mkdir -p "$dir/ricochet/logs"
+    cat > "$dir/ricochet/ricochet.conf" <<CONF
+worker_processes 1;
+error_log $dir/ricochet.log error;
+${3:-}
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    upstream backend { server 127.0.0.1:$2; keepalive 64; }
+    server { listen 127.0.0.1:$1; location / { proxy_pass http://backend; } }
+}
+CONF
+    "$BIN" -p "$dir/ricochet" -c "$dir/ricochet/ricochet.conf" 2> "$dir/ricochet.err" &
+    rpid=$!
+    pids="$pids $rpid"
+    wait_port ricochet "$1" "$rpid"
 }

@@ -16,7 +16,8 @@ BIN=${RICOCHET_BIN:-$PWD/build/ricochet}
 SECONDS_=${PROFILE_SECONDS:-8}
 TOP=${PROFILE_TOP:-15}
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port
+# die, need_tools, bench_tmpdir, free_ports, start_nginx_upstream, start_nginx_proxy,
+# start_ricochet_proxy
 . contrib/bench/lib.sh
 
 need_tools wrk nginx perf luajit curl awk pgrep
@@ -27,63 +28,13 @@ bench_tmpdir
 set -- $(free_ports 3) || die "cannot pick free ports"
 uport=$1 nport=$2 rport=$3
 
-mkdir -p "$dir/upstream/logs" "$dir/nginx/logs" "$dir/ricochet"
 head -c 1024 /dev/zero | tr '\0' 'a' > "$dir/1k"
 head -c 65536 /dev/zero | tr '\0' 'a' > "$dir/64k"
 chmod 755 "$dir"
 chmod 644 "$dir/1k" "$dir/64k"
-cat > "$dir/upstream/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $dir/upstream/nginx.pid;
-error_log $dir/upstream/logs/error.log error;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    root $dir;
-    server { listen 127.0.0.1:$uport; location / { } }
-}
-CONF
-nginx -p "$dir/upstream" -c "$dir/upstream/nginx.conf" 2> "$dir/upstream.err" &
-pids="$pids $!"
-wait_port upstream "$uport" $!
-
-cat > "$dir/nginx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $dir/nginx/nginx.pid;
-error_log $dir/nginx/logs/error.log error;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    upstream backend { server 127.0.0.1:$uport; keepalive 64; }
-    server {
-        listen 127.0.0.1:$nport;
-        location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
-    }
-}
-CONF
-nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
-npid=$!
-pids="$pids $npid"
-wait_port nginx "$nport" $npid
-
-cat > "$dir/ricochet/ricochet.conf" <<CONF
-worker_processes 1;
-error_log $dir/ricochet.log error;
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    upstream backend { server 127.0.0.1:$uport; keepalive 64; }
-    server { listen 127.0.0.1:$rport; location / { proxy_pass http://backend; } }
-}
-CONF
-"$BIN" -p "$dir/ricochet" -c "$dir/ricochet/ricochet.conf" 2> "$dir/ricochet.err" &
-rpid=$!
-pids="$pids $rpid"
-wait_port ricochet "$rport" $rpid
+start_nginx_upstream "$uport"
+start_nginx_proxy "$nport" "$uport"
+start_ricochet_proxy "$rport" "$uport"
 
 cpu_ticks() { # pid -> utime+stime in clock ticks
     awk '{ print $14 + $15 }' "/proc/$1/stat"

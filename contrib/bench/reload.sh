@@ -20,7 +20,8 @@ WARMUP=${BENCH_WARMUP:-1}
 EVERY=${RELOAD_EVERY:-0.5}
 ROWS="nginx nginx-reload ricochet ricochet-reload"
 
-# die, need_tools, bench_tmpdir, free_ports, wait_port, wrk_figures, interleave_rounds
+# die, need_tools, bench_tmpdir, free_ports, wrk_figures, interleave_rounds, start_nginx_upstream,
+# start_nginx_proxy, start_ricochet_proxy
 . contrib/bench/lib.sh
 
 need_tools wrk nginx luajit curl awk
@@ -32,69 +33,12 @@ set -- $(free_ports 3) || die "cannot pick free ports (luajit with lua-socket is
 [ $# -eq 3 ] || die "cannot pick free ports"
 uport=$1 nport=$2 rport=$3
 
-mkdir -p "$dir/upstream/logs" "$dir/nginx/logs" "$dir/ricochet/logs"
 head -c 1024 /dev/zero | tr '\0' 'a' > "$dir/1k"
 chmod 755 "$dir"
 chmod 644 "$dir/1k"
-cat > "$dir/upstream/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $dir/upstream/nginx.pid;
-error_log $dir/upstream/logs/error.log error;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-    root $dir;
-    server { listen 127.0.0.1:$uport; location = /1k { } }
-}
-CONF
-nginx -p "$dir/upstream" -c "$dir/upstream/nginx.conf" 2> "$dir/upstream.err" &
-pids="$pids $!"
-wait_port upstream "$uport" $!
-
-cat > "$dir/nginx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $dir/nginx/nginx.pid;
-error_log $dir/nginx/logs/error.log error;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    upstream backend { server 127.0.0.1:$uport; keepalive 64; }
-    server {
-        listen 127.0.0.1:$nport;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-CONF
-nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
-pids="$pids $!"
-wait_port nginx "$nport" $!
-
-cat > "$dir/ricochet/ricochet.conf" <<CONF
-worker_processes 1;
-pid $dir/ricochet/ricochet.pid;
-error_log $dir/ricochet.log error;
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    upstream backend { server 127.0.0.1:$uport; keepalive 64; }
-    server {
-        listen 127.0.0.1:$rport;
-        location / { proxy_pass http://backend; }
-    }
-}
-CONF
-"$BIN" -p "$dir/ricochet" -c "$dir/ricochet/ricochet.conf" 2> "$dir/ricochet.err" &
-pids="$pids $!"
-wait_port ricochet "$rport" $!
+start_nginx_upstream "$uport"
+start_nginx_proxy "$nport" "$uport"
+start_ricochet_proxy "$rport" "$uport" "pid $dir/ricochet/ricochet.pid;"
 
 for port in $nport $rport; do
     got=$(curl -s "http://127.0.0.1:$port/1k" | wc -c)

@@ -140,14 +140,14 @@ gone(ric_request_t *r, ric_request_end_t end)
 }
 
 static void
-shutdown_soon(ric_request_t *r, int64_t deadline_ms)
+drain_soon(ric_request_t *r, int64_t deadline_ms)
 {
     (void) r;
     (void) deadline_ms;
 }
 
 static const ric_conn_handler_t handler = {
-    begin, run, body_data, body_done, body_failed, answer_rest, outlive, gone, shutdown_soon
+    begin, run, body_data, body_done, body_failed, answer_rest, outlive, gone, drain_soon
 };
 
 static void
