@@ -199,7 +199,7 @@ describe("the gateway process", function()
         assert.equal(404, assert(busy:request({ path = "/" })).status)
         assert.equal(404, assert(idle:request({ path = "/" })).status)
         gw:signal("QUIT")
-        H.sleep(0.2)
+        assert.truthy(H.wait_until(function() return gw:log():find("gracefully shutting down") end, 10), gw:log())
         -- its last answer promised the connection: a request sent now is answered, and the connection closes
         local r = assert(busy:request({ path = "/again" }))
         assert.equal(404, r.status)
