@@ -70,9 +70,9 @@ $(BUILD)/default_conf.c: conf/ricochet.conf contrib/embed_conf.sh | $(BUILD)/obj
 $(BUILD)/obj/default_conf.o: $(BUILD)/default_conf.c core/conf.h
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/embedded_lua.c: $(LUA_LIB) contrib/embed_lua.sh | $(BUILD)/obj
-	sh contrib/embed_lua.sh ric_lua_api=scripts/ricochet/api.lua \
-	    ric_lua_sandbox=scripts/ricochet/sandbox.lua > $@
+$(BUILD)/embedded_lua.c: $(LUA_LIB) core/status_page.html contrib/embed_text.sh | $(BUILD)/obj
+	sh contrib/embed_text.sh ric_lua_api=scripts/ricochet/api.lua \
+	    ric_lua_sandbox=scripts/ricochet/sandbox.lua ric_status_page=core/status_page.html > $@
 
 $(BUILD)/obj/embedded_lua.o: $(BUILD)/embedded_lua.c
 	$(CC) $(ALL_CFLAGS) -c $< -o $@

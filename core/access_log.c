@@ -227,6 +227,12 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
         put_lit(&o, ",\"idempotency\":");
         put_json_cstr(&o, e->idempotency);
     }
+    if (e->verdict != NULL) {
+        put_lit(&o, ",\"verdict\":");
+        put_json_cstr(&o, e->verdict);
+        put_lit(&o, ",\"reason\":");
+        put_json_cstr(&o, e->reason);
+    }
     if (e->not_retried != NULL) {
         put_lit(&o, ",\"not_retried\":");
         put_json_cstr(&o, e->not_retried);

@@ -41,6 +41,8 @@ typedef struct {
     int nattempts;
     int attempts_total; /* attempts made, when more than were kept */
     const char *not_retried; /* why the last attempt's failure was final; NULL */
+    const char *verdict;     /* how the attempts ended: passed, kept, gave_up, cut; NULL: none made */
+    const char *reason;      /* ...and why (a retry reason: final_status, budget...) */
     const char *idempotency; /* what the idempotency store did (idem.c); NULL */
     ric_script_field_t script[RIC_MAX_SCRIPT_FIELDS]; /* on_log's ctx:set, in order */
     int nscript;

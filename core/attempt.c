@@ -14,7 +14,8 @@
 #define DRAIN_GRACE_MS 1000 /* a dropped response still arriving may hold the retry this long */
 
 static void attempt_start(ric_request_t *r);
-static void record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status);
+static void record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass_t mc,
+                           int status);
 static void attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what);
 static void attempts_end(ric_request_t *r, ric_attempt_t *answer, int status,
                          ric_retry_reason_t why, const char *cut);
@@ -414,11 +415,16 @@ drain_over(ric_attempt_t *u, int whole)
     }
 }
 
+/* The attempt-done entry: the attempt goes into the access log and the
+ * metrics (what it met; a retry, by what the attempt before it met). */
 static void
-record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status)
+record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass_t mc,
+               int status)
 {
+    ric_attempts_t *a = r->attempts;
     ric_access_entry_t *e = &r->log;
     ric_attempt_record_t *rec;
+    int64_t took = ric_now_us() - u->start_us;
 
     e->attempts_total++;
     if (e->nattempts >= RIC_MAX_ATTEMPTS) {
@@ -429,8 +435,13 @@ record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, int status
     rec->server = u->client.peer ? u->client.peer->conf->addr_text : NULL;
     rec->class = class;
     rec->status = status;
-    rec->duration_us = ric_now_us() - u->start_us;
+    rec->duration_us = took;
     rec->wait_us = u->wait_us;
+    ric_metrics_attempt(r->location->metrics, r->up->conf->metrics, mc,
+                        status != 0 ? took : -1, u->number > 1 ? (int) a->last_mc : -1,
+                        u->wait_us);
+    a->last_mc = mc;
+    a->last_classified = u->classified;
 }
 
 /* The route script's word on the outcome, above retry_on; *failed (the
@@ -488,6 +499,32 @@ deliver(ric_attempt_t *u)
     ric_request_resume(r);
 }
 
+/* A retry the outcome asked for and that was not made, counted by why:
+ * the decision's reason, the kill switch, or the route script calling a
+ * retryable outcome final. */
+static void
+refusal_count(ric_request_t *r, ric_retry_reason_t why)
+{
+    ric_attempts_t *a = r->attempts;
+    ric_route_shard_t *sh = ric_metrics_route(r->location->metrics);
+    int n = why;
+
+    if (sh == NULL || a->count == 0) {
+        return;
+    }
+    if (why == RIC_RETRY_OFF && ric_retry_killed) {
+        n = RIC_MR_KILL_SWITCH;
+    } else if (why == RIC_RETRY_KEY_NO_CONTRACT) {
+        n = RIC_RETRY_UNSAFE; /* unsafe, whoever set the key */
+    } else if ((why == RIC_RETRY_FINAL_STATUS || why == RIC_RETRY_CLASS_NOT_LISTED)
+               && a->last_classified == RIC_CLASSIFY_FINAL && a->last_transient) {
+        n = RIC_MR_SCRIPT;
+    }
+    if (ric_metrics_refusal_name(n) != NULL) {
+        ric_metric_add(&sh->refused[n], 1);
+    }
+}
+
 /* The one end of the attempts, whatever ends them: the decision, the
  * budget, the deadline at the end of a wait, a worker stopping, the
  * client's body breaking, the client leaving (the finalize's cleanup). The
@@ -507,7 +544,8 @@ attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reas
 
     if (a->current != NULL && a->current != answer) {
         if (cut != NULL) {
-            record_attempt(r, a->current, cut, 0);
+            record_attempt(r, a->current, cut,
+                           strcmp(cut, "client_body") == 0 ? RIC_MC_CLIENT_BODY : RIC_MC_CUT, 0);
         }
         /* a retry paid for whose outcome nobody will know: its token goes back */
         if (a->current->paid > 0) {
@@ -522,6 +560,11 @@ attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reas
     wait_stop(r);
     if (why != RIC_RETRY_YES && why != RIC_RETRY_FINAL_STATUS) {
         r->not_retried = why;
+    }
+    refusal_count(r, why);
+    if (a->count > 0 && r->log.verdict == NULL) {
+        r->log.verdict = answer != NULL ? "passed" : status == 0 ? "cut" : "gave_up";
+        r->log.reason = why != RIC_RETRY_YES ? ric_retry_reason_name(why) : cut ? cut : "cut";
     }
     if (status == 0 && answer == NULL) {
         return;
@@ -544,6 +587,7 @@ attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reas
                             == RIC_OK) {
         ric_log_error(RIC_LOG_INFO, 0, "passing on the last response (%d) after %d attempts, "
                       "client: %s", kept->client.resp.status, a->count, r->c->peer);
+        r->log.verdict = "kept";
         deliver(kept);
         return;
     }
@@ -636,7 +680,9 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     }
     ric_budget_outcome(&r->up->budget, failed, u->paid, now);
     u->paid = 0;
-    record_attempt(r, u, ric_retry_class_name(class), status);
+    a->last_transient = ric_retry_on_match(r->policy.retry_on, class, status);
+    record_attempt(r, u, ric_retry_class_name(class), ric_metrics_class(class, status, tls_failed),
+                   status);
     a->prev_peer = h->peer;
 
     if (d.reason == RIC_RETRY_KEY_NO_CONTRACT && !r->location->warned_key_contract) {

@@ -3,6 +3,7 @@
 #define RIC_ATTEMPT_H
 
 #include "ric_core.h"
+#include "metrics.h"
 #include "http1_client.h"
 #include "retry.h"
 
@@ -42,6 +43,9 @@ typedef struct ric_attempts_s {
     int paid_for;             /* the budget let it go */
     ric_retry_reason_t stop;  /* RIC_RETRY_YES, or why the next attempt is not made */
     int fail_status;          /* the gateway's answer if the budget refuses it */
+    ric_mclass_t last_mc;     /* what the last attempt ended met (metrics.h) */
+    int last_classified;      /* ...the route script's word on it */
+    int last_transient;       /* ...and whether retry_on would have retried it */
 } ric_attempts_t;
 
 /* The phase (pipeline.c's table): sets up the retry policy and the

@@ -168,6 +168,8 @@ struct ric_location_conf_s {
     int warned_body_max;           /* ...that res:body() is nil for want of classify_body_max */
     const char *proxy_pass_file;
     int proxy_pass_line;
+    char *label;                   /* its metrics' route: "SERVER PATH" (metrics.c) */
+    ric_route_metrics_t *metrics;  /* in the shared zone; NULL: not counted */
     ric_location_conf_t *next;
 };
 
@@ -194,6 +196,8 @@ struct ric_server_conf_s {
     ric_http_settings_t settings;
     ric_http_refs_t refs;
     void *ssl_ctx; /* SSL_CTX of this config generation, when on an ssl address (tls_server.h) */
+    char *label;   /* its name in metrics: its first server_name, else its first listen */
+    ric_route_metrics_t *metrics; /* its requests no location took, its TLS handshakes */
     const char *file;
     int line;
     ric_server_conf_t *next;
@@ -237,12 +241,25 @@ struct ric_upstream_conf_s {
     const ric_location_conf_t *tls_owner; /* the location whose proxy_ssl_* it uses */
     void *ssl_ctx;             /* SSL_CTX of this config generation (tls.h) */
     char *ssl_name;            /* sent as SNI (unless proxy_ssl_server_name off) and verified */
+    ric_upstream_metrics_t *metrics; /* in the shared zone; NULL: not counted */
     const char *file;
     int line;
     ric_upstream_conf_t *next;
 };
 
+/* An admin_allow entry: an address and how many of its leading bits count. */
+typedef struct {
+    int family; /* AF_INET, AF_INET6 */
+    u_char addr[16];
+    int bits;
+} ric_cidr_t;
+
 struct ric_http_conf_s {
+    ric_server_conf_t *admin;   /* admin_listen's server: no locations, no access log; NULL: none */
+    ric_cidr_t *admin_allow;    /* who may use it (NULL: anyone who reaches its loopback address) */
+    int nadmin_allow;
+    const char *admin_allow_file;
+    int admin_allow_line;
     ric_http_settings_t settings;
     ric_http_refs_t refs;
     ric_server_conf_t *servers;
@@ -264,6 +281,7 @@ struct ric_listener_s {
     ric_listen_t *listens; /* every server's listen on this address */
     int ssl;               /* clients speak TLS: the handshake starts with the default server's
                             * SSL_CTX, and SNI picks the server whose certificate goes */
+    int admin;             /* admin_listen: /metrics, /healthz, /readyz, /status (admin.c) */
     ric_listener_t *next;
 };
 

@@ -396,17 +396,18 @@ check_port:
     return NULL;
 }
 
+/* A listen address, cf->args[1] ("ADDRESS:PORT", "PORT", "*:PORT"), of
+ * the directive being read, for server s. */
 static const char *
-set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+listen_new(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, ric_server_conf_t *s,
+           ric_listen_t **out)
 {
-    ric_server_conf_t *s = cf->server;
-    ric_listen_t *l, *o, **tail;
+    ric_listen_t *l;
     struct addrinfo hints, *res;
     char *host, *port;
     const char *reason;
-    int i, rc;
+    int rc;
 
-    (void) conf;
     reason = split_host_port(cf, cf->args[1], "80", &host, &port);
     if (reason != NULL) {
         return reason;
@@ -443,7 +444,22 @@ set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
                                         : ric_conf_reason(cf, "%s:%s", host ? host : "0.0.0.0",
                                                           port));
     freeaddrinfo(res);
+    *out = l;
+    return NULL;
+}
 
+static const char *
+set_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_server_conf_t *s = cf->server;
+    ric_listen_t *l, *o, **tail;
+    const char *reason;
+    int i;
+
+    (void) conf;
+    if ((reason = listen_new(cf, cmd, s, &l)) != NULL) {
+        return reason;
+    }
     for (i = 2; i < cf->nargs; i++) {
         if (strcmp(cf->args[i], "default_server") == 0 || strcmp(cf->args[i], "default") == 0) {
             l->default_server = 1;
@@ -484,6 +500,80 @@ valid_server_name(const char *n)
     /* "*" only as a whole leading label: "*.example.com" */
     p = strchr(n, '*');
     return p == NULL || (p == n && n[1] == '.' && strchr(n + 1, '*') == NULL);
+}
+
+/* admin_listen ADDRESS:PORT: the admin listener's server (no locations,
+ * no access log), made on first use. */
+static const char *
+set_admin_listen(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    ric_server_conf_t *s = http->admin;
+    const char *reason;
+    ric_listen_t *l;
+
+    (void) conf;
+    if (s != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate (first at %s:%d)", cmd->name,
+                               s->listens->file, s->listens->line);
+    }
+    s = ric_pcalloc(cf->pool, sizeof(*s));
+    settings_init(&s->settings);
+    s->file = cf->file;
+    s->line = cf->directive_line;
+    if ((reason = listen_new(cf, cmd, s, &l)) != NULL) {
+        return reason;
+    }
+    l->default_server = 1;
+    s->listens = l;
+    http->admin = s;
+    return NULL;
+}
+
+/* admin_allow CIDR ...: an address with /BITS, or alone (every bit). */
+static const char *
+set_admin_allow(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    ric_http_conf_t *http = cf->conf->http;
+    char buf[64], *slash;
+    ric_cidr_t *c;
+    int i, max;
+    int64_t bits;
+
+    (void) conf;
+    if (http->admin_allow != NULL) {
+        return ric_conf_reason(cf, "\"%s\" directive is duplicate (first at %s:%d): list every "
+                               "address in one", cmd->name, http->admin_allow_file,
+                               http->admin_allow_line);
+    }
+    http->admin_allow = ric_pcalloc(cf->pool, sizeof(ric_cidr_t) * (size_t) (cf->nargs - 1));
+    http->admin_allow_file = cf->file;
+    http->admin_allow_line = cf->directive_line;
+    for (i = 1; i < cf->nargs; i++) {
+        c = &http->admin_allow[http->nadmin_allow++];
+        snprintf(buf, sizeof(buf), "%s", cf->args[i]);
+        slash = strchr(buf, '/');
+        if (slash != NULL) {
+            *slash++ = '\0';
+        }
+        if (inet_pton(AF_INET, buf, c->addr) == 1) {
+            c->family = AF_INET;
+            max = 32;
+        } else if (inet_pton(AF_INET6, buf, c->addr) == 1) {
+            c->family = AF_INET6;
+            max = 128;
+        } else {
+            return ric_conf_reason(cf, "invalid address \"%s\" in \"%s\": expected an IP "
+                                   "address or ADDRESS/BITS", cf->args[i], cmd->name);
+        }
+        bits = max;
+        if (slash != NULL && (ric_conf_parse_number(slash, &bits) != RIC_OK || bits > max)) {
+            return ric_conf_reason(cf, "invalid prefix length in \"%s\" of \"%s\": 0 to %d",
+                                   cf->args[i], cmd->name, max);
+        }
+        c->bits = (int) bits;
+    }
+    return NULL;
 }
 
 static const char *
@@ -1718,6 +1808,10 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "longest pause between two reads of the upstream's response" },
     { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_access_log,
       REFS(access_log), "off", "FILE | stdout | stderr | off: one JSON line per request" },
+    { "admin_listen", RIC_CONF_HTTP, RIC_CONF_TAKE1, set_admin_listen, RIC_CONF_NO_OFFSET, NULL,
+      "ADDRESS:PORT of the admin listener: /metrics, /healthz, /readyz, /status" },
+    { "admin_allow", RIC_CONF_HTTP, RIC_CONF_1MORE, set_admin_allow, RIC_CONF_NO_OFFSET, NULL,
+      "CIDR ...: who may use the admin listener (others get 403); needed off loopback" },
     { "underscores_in_headers", SETTINGS_CTX, RIC_CONF_TAKE1, set_flag,
       SETTINGS(underscores_in_headers), "off",
       "on: forward request header names with '_'; off drops them" },
@@ -1881,6 +1975,60 @@ name_taken(ric_conf_parse_t *cf, const ric_listener_t *ls, const ric_listen_t *l
     return NULL;
 }
 
+static int
+loopback(const struct sockaddr_storage *ss)
+{
+    static const u_char v6_loopback[16] = { [15] = 1 };
+
+    if (ss->ss_family == AF_INET) {
+        return (ntohl(((const struct sockaddr_in *) ss)->sin_addr.s_addr) >> 24) == 127;
+    }
+    return ss->ss_family == AF_INET6
+           && memcmp(&((const struct sockaddr_in6 *) ss)->sin6_addr, v6_loopback, 16) == 0;
+}
+
+/* The admin listener: an address of its own, and off loopback only with
+ * admin_allow, so the page is never open to the world by accident. */
+static const char *
+admin_listener(ric_conf_parse_t *cf)
+{
+    ric_conf_t *c = cf->conf;
+    ric_server_conf_t *admin = c->http->admin;
+    ric_listen_t *l = admin ? admin->listens : NULL;
+    ric_listener_t *ls, **tail;
+
+    if (admin == NULL) {
+        if (c->http->admin_allow != NULL) {
+            return ric_conf_reason(cf, "%s:%d: \"admin_allow\" without \"admin_listen\"",
+                                   c->http->admin_allow_file, c->http->admin_allow_line);
+        }
+        return NULL;
+    }
+    for (tail = &c->listeners; *tail; tail = &(*tail)->next) {
+        ls = *tail;
+        if (same_addr(&ls->addr, ls->addrlen, &l->addr, l->addrlen)) {
+            return ric_conf_reason(cf, "%s:%d: admin_listen %s is also the address of the listen "
+                                   "at %s:%d: the admin listener needs one of its own", l->file,
+                                   l->line, l->text, ls->listens->file, ls->listens->line);
+        }
+    }
+    if (!loopback(&l->addr) && c->http->admin_allow == NULL) {
+        return ric_conf_reason(cf, "%s:%d: admin_listen %s is not a loopback address: add "
+                               "\"admin_allow CIDR ...;\" to say who may read the metrics and "
+                               "the status page", l->file, l->line, l->text);
+    }
+    ls = ric_pcalloc(cf->pool, sizeof(*ls));
+    memcpy(&ls->addr, &l->addr, l->addrlen);
+    ls->addrlen = l->addrlen;
+    ls->text = l->text;
+    ls->fd = -1;
+    ls->default_server = admin;
+    ls->listens = l;
+    ls->admin = 1;
+    *tail = ls;
+    return NULL;
+}
+
 /* Groups every server's listens into one listener per address, picking the
  * default server of each. */
 static const char *
@@ -1932,7 +2080,7 @@ build_listeners(ric_conf_parse_t *cf)
             ls->listens = l;
         }
     }
-    return NULL;
+    return admin_listener(cf);
 }
 
 static void
@@ -2269,6 +2417,10 @@ ric_conf_finish(ric_conf_parse_t *cf)
             return ric_conf_reported;
         }
         u->host_header = u->name;
+    }
+    if (c->http->admin != NULL) {
+        /* the timeouts and limits of the http level; no access log */
+        settings_merge(&c->http->admin->settings, &c->http->settings);
     }
     for (s = c->http->servers; s; s = s->next) {
         settings_merge(&s->settings, &c->http->settings);

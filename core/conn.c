@@ -1,6 +1,7 @@
 /* conn.c: client connections: read requests and their bodies, write answers in order, keep-alive, timeouts, lingering close. */
 #include "conn.h"
 #include "log.h"
+#include "metrics.h"
 #include "tls.h"
 #include "tls_server.h"
 
@@ -56,12 +57,44 @@ format_peer(ric_conn_t *c, const struct sockaddr *sa)
 
 #define RECLAIM_AT_ONCE 32 /* idle connections closed when the set is full */
 
+/* A connection's state as the instance's gauges count it
+ * (ricochet_connections): a head after the first is read while idle. */
+static int
+gauge_of(const ric_conn_t *c)
+{
+    switch (c->state) {
+    case RIC_CONN_HANDSHAKE:
+        return RIC_CS_HANDSHAKE;
+    case RIC_CONN_REQUEST:
+        return RIC_CS_ACTIVE;
+    case RIC_CONN_LINGER:
+        return RIC_CS_CLOSING;
+    default:
+        return c->requests > 0 ? RIC_CS_IDLE : RIC_CS_READING;
+    }
+}
+
+static void
+state_set(ric_conn_t *c, ric_conn_state_t st)
+{
+    int g;
+
+    c->state = st;
+    g = gauge_of(c);
+    if (c->gauge > 0 && g != c->gauge - 1) {
+        ric_metrics_conn_state(c->gauge - 1, g);
+        c->gauge = g + 1;
+    }
+}
+
 static void
 set_add(ric_conn_set_t *s, ric_conn_t *c)
 {
     ric_link_t *l, *next;
     int reclaimed = 0;
 
+    c->gauge = gauge_of(c) + 1;
+    ric_metrics_conn_state(-1, c->gauge - 1);
     ric_list_push_front(&s->list, &c->link);
     if (++s->n < s->max) {
         return;
@@ -85,6 +118,8 @@ static void
 set_remove(ric_conn_set_t *s, ric_conn_t *c)
 {
     ric_list_remove(&s->list, &c->link);
+    ric_metrics_conn_state(c->gauge - 1, -1);
+    c->gauge = 0;
     s->n--;
     if (s->draining) {
         if (s->n == 0) {
@@ -132,7 +167,7 @@ ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sock
     c->set = s;
     c->base = s->base;
     c->listener = ls;
-    c->state = RIC_CONN_HEAD;
+    state_set(c, RIC_CONN_HEAD);
     format_peer(c, sa);
     if (sa->sa_family != AF_UNIX) {
         ric_io_nodelay(&c->io);
@@ -144,7 +179,7 @@ ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sock
     if (ls->ssl) {
         /* the handshake first, within ssl_handshake_timeout; the request
          * head's clock starts when it is done */
-        c->state = RIC_CONN_HANDSHAKE;
+        state_set(c, RIC_CONN_HANDSHAKE);
         c->read_deadline = ric_now_ms() + c->settings->ssl_handshake_timeout;
         if (ric_tls_server_accept(&c->io, ls) != RIC_OK) {
             ric_log_error(RIC_LOG_ERR, 0, "cannot start TLS on a connection, client: %s", c->peer);
@@ -604,7 +639,7 @@ start_linger(ric_conn_t *c)
         ric_conn_close(c);
         return;
     }
-    c->state = RIC_CONN_LINGER;
+    state_set(c, RIC_CONN_LINGER);
     c->in_len = 0;
     event_del(c->wev);
     c->read_deadline = ric_now_ms() + LINGER_TOTAL_MS;
@@ -642,7 +677,7 @@ request_finish(ric_conn_t *c)
     c->continue_sent = 0;
     c->interim_pending = 0;
     c->response_bytes = 0;
-    c->state = RIC_CONN_HEAD;
+    state_set(c, RIC_CONN_HEAD);
     c->settings = &c->listener->default_server->settings;
     if (c->in_len > 0) {
         c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
@@ -685,13 +720,24 @@ ric_conn_request_done(ric_conn_t *c, ric_request_end_t end)
 static void
 start_request(ric_conn_t *c, int error_status)
 {
-    c->state = RIC_CONN_REQUEST;
+    state_set(c, RIC_CONN_REQUEST);
     c->in_used = error_status ? 0 : c->msg.head_len;
     /* until the answer is out nothing more is read but the body, when the
      * request asks, and an end of stream, which ends the request */
     read_without_timeout(c);
     c->r = c->set->handler->begin(c->set->handler_ctx, c, error_status);
     c->set->handler->run(c->r);
+}
+
+/* A handshake's end, counted for the server whose certificate went. */
+static void
+tls_count(ric_conn_t *c, int result)
+{
+    ric_route_shard_t *sh = ric_metrics_route(ric_tls_server_of(&c->io, c->listener)->metrics);
+
+    if (sh != NULL) {
+        ric_metric_add(&sh->tls[result], 1);
+    }
 }
 
 /* One step of a TLS client's handshake; done, the connection waits for
@@ -704,8 +750,9 @@ handshake_step(ric_conn_t *c)
 
     switch (ric_tls_handshake(&c->io, err, sizeof(err))) {
     case RIC_OK:
+        tls_count(c, RIC_TLS_OK);
         event_del(c->wev);
-        c->state = RIC_CONN_HEAD;
+        state_set(c, RIC_CONN_HEAD);
         c->read_deadline = ric_now_ms() + c->settings->client_header_timeout;
         return;
     case RIC_AGAIN:
@@ -724,12 +771,14 @@ handshake_step(ric_conn_t *c)
          * closed with a linger so the rest of its request cannot reset it */
         ric_log_error(RIC_LOG_INFO, 0, "client sent plain HTTP to a TLS address (400), "
                       "client: %s", c->peer);
+        tls_count(c, RIC_TLS_FAILED);
         ric_tls_drop(&c->io);
         event_del(c->wev);
         start_request(c, 400);
         return;
     default:
         ric_log_error(RIC_LOG_INFO, 0, "TLS handshake failed: %s, client: %s", err, c->peer);
+        tls_count(c, RIC_TLS_FAILED);
         ric_conn_close(c);
     }
 }
@@ -739,6 +788,7 @@ handshake_timed_out(ric_conn_t *c)
 {
     ric_log_error(RIC_LOG_INFO, 0, "client timed out during the TLS handshake, client: %s",
                   c->peer);
+    tls_count(c, RIC_TLS_TIMEOUT);
     ric_conn_close(c);
 }
 

@@ -126,6 +126,7 @@ struct ric_conn_s {
     int orphan;            /* the client left, its request goes on: no socket */
     int64_t read_deadline; /* ms, monotonic: header, body or linger deadline */
 
+    int gauge;               /* 1 + its state in the instance's gauges; 0: not counted */
     ric_link_t link;         /* in its set */
 };
 

@@ -1,5 +1,6 @@
 /* idem.c: the idempotency phase (claim a key, or replay / 409 / 422 from the store), the copy of the answer as it is relayed, and the settle at finalize. */
 #include "idem.h"
+#include "metrics.h"
 #include "attempt.h"
 #include "idem_store.h"
 #include "headers.h"
@@ -35,6 +36,22 @@ typedef struct ric_idem_s {
     int dechunk;       /* the relayed bytes are chunked: decoded for keeping */
     ric_http_chunked_t chunked;
 } ric_idem_t;
+
+_Static_assert(RIC_IDEM_N_MAX == RIC_MI_MAX, "metrics.h counts every idempotency outcome");
+
+/* What the store's answer made of the request: in its access log line,
+ * the store's counters and its route's. */
+static void
+outcome(ric_request_t *r, ric_idem_t *d, const char *name, ric_idem_count_t what)
+{
+    ric_route_shard_t *sh = ric_metrics_route(r->location ? r->location->metrics : NULL);
+
+    r->log.idempotency = name;
+    ric_idem_count(d->sc, what);
+    if (sh != NULL) {
+        ric_metric_add(&sh->idem[what], 1);
+    }
+}
 
 /* --- answers -------------------------------------------------------------- */
 
@@ -359,8 +376,7 @@ static void
 release(ric_request_t *r, ric_idem_t *d)
 {
     ric_idem_store_settle(d->sc->store, d->key, d->token, NULL, 0, 0, lock_expires(d));
-    r->log.idempotency = "released";
-    ric_idem_count(d->sc, RIC_IDEM_N_RELEASED);
+    outcome(r, d, "released", RIC_IDEM_N_RELEASED);
 }
 
 static void
@@ -387,8 +403,7 @@ store_answer(ric_request_t *r, ric_idem_t *d, int bare)
     ric_idem_store_settle(d->sc->store, d->key, d->token, rec.data, rec.len,
                           r->settings->idempotency_ttl, lock_expires(d));
     ric_buf_free(&rec);
-    r->log.idempotency = bare ? "stored_bare" : "stored";
-    ric_idem_count(d->sc, RIC_IDEM_N_STORED);
+    outcome(r, d, bare ? "stored_bare" : "stored", RIC_IDEM_N_STORED);
 }
 
 /* A final answer from the upstream is kept; a retryable one (a 5xx, 408,
@@ -479,8 +494,7 @@ decide(ric_request_t *r, ric_idem_t *d)
         /* a client that gives up does not stop what it started: the
          * answer is still kept, for its next try */
         r->outlives_client = 1;
-        r->log.idempotency = "claimed";
-        ric_idem_count(d->sc, RIC_IDEM_N_CLAIMED);
+        outcome(r, d, "claimed", RIC_IDEM_N_CLAIMED);
         return RIC_OK;
     case RIC_IDEM_FOUND:
         break;
@@ -489,15 +503,13 @@ decide(ric_request_t *r, ric_idem_t *d)
             ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s: passing the request "
                           "on without dedupe (idempotency_store_failure open), client: %s",
                           d->sc->spec, d->op.error, r->c->peer);
-            r->log.idempotency = "store_failed_open";
-            ric_idem_count(d->sc, RIC_IDEM_N_PASSED_OPEN);
+            outcome(r, d, "store_failed_open", RIC_IDEM_N_PASSED_OPEN);
             return RIC_OK;
         }
         ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %s: answering 503 "
                       "(idempotency_store_failure closed), client: %s", d->sc->spec,
                       d->op.error, r->c->peer);
-        r->log.idempotency = "store_failed";
-        ric_idem_count(d->sc, RIC_IDEM_N_STORE_FAILED);
+        outcome(r, d, "store_failed", RIC_IDEM_N_STORE_FAILED);
         return problem(r, 503, "idempotency-store-unavailable", "Idempotency store unavailable",
                        "The gateway cannot check this idempotency key now; nothing was sent. "
                        "Retry the request later with the same key.");
@@ -527,8 +539,7 @@ decide(ric_request_t *r, ric_idem_t *d)
         }
     }
     if (memcmp(rec.fp, d->fp, sizeof(d->fp)) != 0) {
-        r->log.idempotency = "mismatch";
-        ric_idem_count(d->sc, RIC_IDEM_N_MISMATCH);
+        outcome(r, d, "mismatch", RIC_IDEM_N_MISMATCH);
         return problem(r, 422, "idempotency-key-reused", "Idempotency key reused",
                        "This idempotency key was used for a different request (method, path, "
                        "query or body). Use a new key for a new request.");
@@ -536,18 +547,15 @@ decide(ric_request_t *r, ric_idem_t *d)
     switch (rec.state) {
     case RIC_IDEM_LOCKED:
     in_flight:
-        r->log.idempotency = "in_flight";
-        ric_idem_count(d->sc, RIC_IDEM_N_IN_FLIGHT);
+        outcome(r, d, "in_flight", RIC_IDEM_N_IN_FLIGHT);
         return problem(r, 409, "idempotency-key-in-use", "Request in progress",
                        "A request with this idempotency key is being processed. Retry later "
                        "with the same key to get its answer.");
     case RIC_IDEM_DONE:
-        r->log.idempotency = "replayed";
-        ric_idem_count(d->sc, RIC_IDEM_N_REPLAYED);
+        outcome(r, d, "replayed", RIC_IDEM_N_REPLAYED);
         return replay(r, &rec);
     default:
-        r->log.idempotency = "not_replayable";
-        ric_idem_count(d->sc, RIC_IDEM_N_NOT_REPLAYABLE);
+        outcome(r, d, "not_replayable", RIC_IDEM_N_NOT_REPLAYABLE);
         return problem(r, 409, "idempotency-answer-not-stored", "Request already completed",
                        "A request with this idempotency key completed, but its answer was too "
                        "large to keep (idempotency_max_body), so it cannot be replayed.");

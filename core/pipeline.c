@@ -1,5 +1,6 @@
 /* pipeline.c: the request's phases, in order, each with what it does when the body, the client or the worker has news. */
 #include "pipeline.h"
+#include "admin.h"
 #include "attempt.h"
 #include "idem.h"
 #include "respond.h"
@@ -22,3 +23,15 @@ const ric_phase_t ric_pipeline_phases[] = {
 };
 
 const unsigned ric_pipeline_nphases = ric_nelems(ric_pipeline_phases);
+
+/* The admin listener's: the route (its refused heads, its limits), the
+ * admin's answer, the respond phase that writes it. */
+const ric_phase_t ric_pipeline_admin_phases[] = {
+    { .run = ric_request_phase_route },
+    { .run = ric_admin_phase },
+    { .run = ric_respond_phase,
+      .flags = RIC_PHASE_ANSWERS,
+      .writable = ric_respond_relay },
+};
+
+const unsigned ric_pipeline_admin_nphases = ric_nelems(ric_pipeline_admin_phases);

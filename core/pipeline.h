@@ -9,4 +9,8 @@
 extern const ric_phase_t ric_pipeline_phases[];
 extern const unsigned ric_pipeline_nphases;
 
+/* The admin listener's phases (admin.c answers). */
+extern const ric_phase_t ric_pipeline_admin_phases[];
+extern const unsigned ric_pipeline_admin_nphases;
+
 #endif /* RIC_PIPELINE_H */

@@ -4,9 +4,11 @@
 #include "access_log.h"
 #include "idem_store.h"
 #include "log.h"
+#include "metrics.h"
 #include "script.h"
 #include "shared_dict.h"
 #include "shm.h"
+#include "status.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -199,7 +201,8 @@ share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
     if (ric_upstream_share(conf, zone, err, errlen) != RIC_OK
         || ric_idem_store_share(conf, zone, err, errlen) != RIC_OK
         || ric_shared_dict_share(conf, zone, err, errlen) != RIC_OK
-        || ric_script_share(conf, zone, err, errlen) != RIC_OK) {
+        || ric_script_share(conf, zone, err, errlen) != RIC_OK
+        || ric_metrics_share(conf, zone, err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }
     return RIC_OK;
@@ -220,7 +223,7 @@ size_t
 ric_process_zone_size(const ric_conf_t *conf)
 {
     size_t need = ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf)
-                  + ric_script_zone_size(conf);
+                  + ric_script_zone_size(conf) + ric_metrics_zone_size(conf);
 
     /* room for what reloads add (untouched pages cost no memory) */
     return need * 4 + ((size_t) 4 << 20);
@@ -270,7 +273,7 @@ close_others(const ric_conf_t *conf)
 }
 
 static pid_t
-spawn_worker(ric_conf_t *conf, worker_slot_t *slot, ric_log_t *log)
+spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, ric_log_t *log)
 {
     sigset_t set;
     pid_t master = getpid(), pid;
@@ -294,6 +297,7 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot, ric_log_t *log)
         signal(SIGPIPE, SIG_IGN);
         sigemptyset(&set);
         sigprocmask(SIG_SETMASK, &set, NULL);
+        ric_metrics_worker_begin(index); /* its shard of the counters, its gauges */
         exit(ric_worker_run(conf));
     }
     slot->pid = pid;
@@ -571,7 +575,7 @@ reload_begin(master_t *m, pid_t asker)
     m->next = ric_xcalloc((size_t) m->next_n, sizeof(worker_slot_t));
     m->next_deadline = ric_now_ms() + RELOAD_START_MS;
     for (i = 0; i < m->next_n; i++) {
-        spawn_worker(c, &m->next[i], m->next_log_open ? &m->next_log : NULL);
+        spawn_worker(c, &m->next[i], i, m->next_log_open ? &m->next_log : NULL);
     }
 }
 
@@ -643,6 +647,7 @@ reload_check(master_t *m, int64_t now)
     m->next = NULL;
     m->next_n = 0;
     m->gen++;
+    ric_metrics_instance->generation = m->gen;
     m->sweep = 1; /* what only the old generation named, once it has gone */
     close_unused(m->conf);
     snprintf(line, sizeof(line), "configuration generation %u serving: %d worker%s", m->gen, m->n,
@@ -768,6 +773,7 @@ master_reap(master_t *m, int stopping)
     int64_t now;
 
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        ric_metrics_worker_gone(pid);
         if (pid == m->upgrade_pid) {
             char why[128];
 
@@ -846,6 +852,7 @@ master_stopping(master_t *m, int sig)
 {
     int i;
 
+    ric_metrics_instance->stopping = 1; /* /readyz says 503 from now */
     if (m->next_n > 0) {
         reload_abort(m, "the master is stopping");
     }
@@ -904,7 +911,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     const char *from = getenv(RIC_ENV_UPGRADE_FROM);
     char pid_path[4096];
     ssize_t n;
-    int64_t now, kill_at = 0, wake;
+    int64_t now, kill_at = 0, wake, sample_at = 0;
     struct timespec ts;
     sigset_t set;
     siginfo_t info;
@@ -934,18 +941,23 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     }
     ric_log_stderr_too = 0; /* start-up is over: the error log alone from here */
     for (i = 0; i < m.n; i++) {
-        spawn_worker(conf, &m.slots[i], NULL);
+        spawn_worker(conf, &m.slots[i], i, NULL);
     }
     ric_log_error(RIC_LOG_NOTICE, 0, "ricochet/%s started: master %d, %d worker%s", RIC_VERSION,
                   (int) getpid(), m.n, m.n == 1 ? "" : "s");
 
+    ric_metrics_instance->generation = m.gen;
     for (;;) {
         now = ric_now_ms();
-        wake = now + 1000;
+        if (now >= sample_at) {
+            ric_status_sample(m.conf); /* the status page's second */
+            sample_at = ric_max(sample_at + 1000, now + 500);
+        }
+        wake = ric_min(now + 1000, sample_at);
         for (i = 0; i < m.n && stopping == RUNNING; i++) {
             if (m.slots[i].pid == 0) {
                 if (m.slots[i].respawn_at <= now) {
-                    spawn_worker(m.conf, &m.slots[i], NULL);
+                    spawn_worker(m.conf, &m.slots[i], i, NULL);
                 } else {
                     wake = ric_min(wake, m.slots[i].respawn_at);
                 }
@@ -1028,6 +1040,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             reload_reply(&m, 1, line);
             m.upgrade_pid = 0;
             m.handed_over = 1;
+            ric_metrics_instance->stopping = 1; /* this instance goes: not ready */
             for (i = 0; i < m.nwaiting; i++) {
                 reply_one(&m, m.waiting[i], 0, "reload refused: the binary was upgraded meanwhile; "
                           "the new master read the configuration as it started");

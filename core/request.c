@@ -1,5 +1,6 @@
 /* request.c: a request: the phases it is handed, run in order, its resume after a suspension, and the one finalize every ending goes through. */
 #include "request.h"
+#include "metrics.h"
 #include "headers.h"
 #include "log.h"
 #include "route.h"
@@ -11,7 +12,7 @@
 
 #define REQUEST_POOL_SIZE 8192
 
-static void access_log_cleanup(void *data);
+static void log_cleanup(void *data);
 
 static uint64_t requests_seen; /* by this worker */
 
@@ -59,7 +60,7 @@ request_create(void *ctx, ric_conn_t *c, int error_status)
     r->status = error_status;
     ric_body_init(&r->body, 0, NULL);
     /* registered first, so written last: after every other cleanup */
-    ric_request_cleanup_add(r, access_log_cleanup, r);
+    ric_request_cleanup_add(r, log_cleanup, r);
     return r;
 }
 
@@ -481,14 +482,18 @@ ric_request_final_status(const ric_request_t *r)
            : r->end == RIC_END_SHUTDOWN ? 503 : r->status;
 }
 
+/* The request's last word: its route's metrics, and its access log line. */
 static void
-access_log_cleanup(void *data)
+log_cleanup(void *data)
 {
     ric_request_t *r = data;
     const ric_http_refs_t *refs = r->location ? &r->location->refs : &r->server->refs;
     ric_access_entry_t *e = &r->log;
     const ric_http_msg_t *m = r->msg;
+    int64_t took = ric_now_us() - r->start_us;
+    int status = ric_request_final_status(r);
 
+    ric_metrics_request(r->location ? r->location->metrics : r->server->metrics, status, took);
     if (refs->access_log == NULL || refs->access_log->fd == -1) {
         return;
     }
@@ -498,10 +503,10 @@ access_log_cleanup(void *data)
         e->path = ric_request_span(r, m->target_off, m->target_len);
         e->host = ric_request_host(r);
     }
-    e->status = ric_request_final_status(r);
+    e->status = status;
     ric_request_id(r, e->id);
     e->bytes = r->c->response_bytes;
-    e->duration_us = ric_now_us() - r->start_us;
+    e->duration_us = took;
     e->not_retried = r->not_retried != RIC_RETRY_YES ? ric_retry_reason_name(r->not_retried)
                                                      : NULL;
     ric_access_log_write(refs->access_log, e);

@@ -43,6 +43,7 @@ typedef struct {
     const ric_phase_t *phases;
     unsigned nphases;
     ric_upstream_t *upstreams; /* the worker's, by ric_upstream_conf_t.index */
+    const ric_conf_t *conf;    /* the worker's generation */
 } ric_pipeline_t;
 
 /* The connection's handler (conn.h) that makes and drives requests; its

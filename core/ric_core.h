@@ -46,6 +46,8 @@ typedef struct ric_request_s ric_request_t;
 typedef struct ric_attempt_s ric_attempt_t;
 typedef struct ric_http1_s ric_http1_t;
 typedef struct ric_upload_s ric_upload_t;
+typedef struct ric_route_metrics_s ric_route_metrics_t;       /* metrics.h */
+typedef struct ric_upstream_metrics_s ric_upstream_metrics_t;
 
 /* A pending asynchronous operation of a request (a timer, a store's
  * lookup...): the request's finalize cancels every one still pending, so
@@ -82,6 +84,7 @@ char *ric_xstrdup(const char *s);
 /* The one monotonic clock: every deadline and duration is read from it. */
 int64_t ric_now_ms(void);
 int64_t ric_now_us(void);
+int64_t ric_wall_ms(void); /* the wall clock, for what is shown to people */
 
 /* The wall clock as an HTTP Date value (IMF-fixdate), made once a second. */
 const char *ric_date_now(void);

@@ -93,6 +93,20 @@ on_client_hello(SSL *ssl, int *alert, void *arg)
     return SSL_CLIENT_HELLO_SUCCESS;
 }
 
+ric_server_conf_t *
+ric_tls_server_of(const ric_io_t *io, const ric_listener_t *ls)
+{
+    SSL_CTX *ctx = io->tls != NULL ? SSL_get_SSL_CTX(io->tls) : NULL;
+    const ric_listen_t *l;
+
+    for (l = ls->listens; ctx != NULL && l; l = l->addr_next) {
+        if (l->server->ssl_ctx == ctx) {
+            return l->server;
+        }
+    }
+    return ls->default_server;
+}
+
 /* The name was acted on in on_client_hello; this only acknowledges it. */
 static int
 on_servername(SSL *ssl, int *alert, void *arg)

@@ -28,4 +28,8 @@ int ric_tls_server_accept(ric_io_t *io, const ric_listener_t *ls);
  * when there is none or the extension is malformed. */
 size_t ric_tls_sni_name(const u_char *p, size_t len, const u_char **name);
 
+/* The server whose certificate a client's handshake on ls got (SNI's
+ * pick), else the address's default server. */
+ric_server_conf_t *ric_tls_server_of(const ric_io_t *io, const ric_listener_t *ls);
+
 #endif /* RIC_TLS_SERVER_H */

@@ -21,6 +21,15 @@ ric_now_ms(void)
     return ric_now_us() / 1000;
 }
 
+int64_t
+ric_wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 const char *
 ric_date_now(void)
 {

@@ -52,7 +52,7 @@ on_accept(evutil_socket_t fd, short what, void *arg)
     int i, n = ls->ssl ? TLS_ACCEPTS_PER_WAKE : ACCEPTS_PER_WAKE, cfd;
 
     (void) what;
-    for (i = 0; i < n && w->accepting; i++) {
+    for (i = 0; i < n && (ls->admin || w->accepting); i++) {
         cfd = ric_io_accept(fd, &ss, &len);
         if (cfd == -1) {
             if (errno == EAGAIN) {
@@ -65,7 +65,8 @@ on_accept(evutil_socket_t fd, short what, void *arg)
             }
             return;
         }
-        ric_conn_accept(&w->conns, ls, cfd, (struct sockaddr *) &ss, len);
+        ric_conn_accept(ls->admin ? &w->admin_conns : &w->conns, ls, cfd,
+                        (struct sockaddr *) &ss, len);
     }
 }
 
@@ -73,6 +74,25 @@ static void
 accept_room(void *ctx, int room)
 {
     accept_enable(ctx, room);
+}
+
+/* The admin listener pauses only when its own connections are too many. */
+static void
+admin_room(void *ctx, int room)
+{
+    ric_worker_t *w = ctx;
+
+    if (room) {
+        event_add(w->admin_event, NULL);
+    } else {
+        event_del(w->admin_event);
+    }
+}
+
+static void
+admin_emptied(void *ctx)
+{
+    (void) ctx;
 }
 
 static void
@@ -99,6 +119,9 @@ begin_graceful_shutdown(ric_worker_t *w)
         close(event_get_fd(w->accept_events[i]));
     }
     ric_conn_set_drain(&w->conns, w->conf->worker_shutdown_timeout * 9 / 10);
+    /* the admin listener still answers (/readyz says 503 while the master
+     * stops), one request a connection, until the worker exits */
+    ric_conn_set_drain(&w->admin_conns, 0);
     if (w->conns.n == 0) {
         event_base_loopbreak(w->base);
         return;
@@ -166,8 +189,13 @@ ric_worker_run(ric_conf_t *conf)
     }
     w->accept_events = ric_xcalloc(n ? n : 1, sizeof(struct event *));
     for (ls = conf->listeners; ls; ls = ls->next) {
-        w->accept_events[w->naccept++] =
-            event_new(w->base, ls->fd, EV_READ | EV_PERSIST, on_accept, ls);
+        if (ls->admin) {
+            w->admin_event = event_new(w->base, ls->fd, EV_READ | EV_PERSIST, on_accept, ls);
+            event_add(w->admin_event, NULL);
+        } else {
+            w->accept_events[w->naccept++] =
+                event_new(w->base, ls->fd, EV_READ | EV_PERSIST, on_accept, ls);
+        }
     }
     for (i = 0; i < ric_nelems(sigs); i++) {
         w->signals[i] = evsignal_new(w->base, sigs[i], on_signal, w);
@@ -182,9 +210,21 @@ ric_worker_run(ric_conf_t *conf)
     w->pipeline.phases = ric_pipeline_phases;
     w->pipeline.nphases = ric_pipeline_nphases;
     w->pipeline.upstreams = w->upstreams;
+    w->pipeline.conf = conf;
     w->conns.base = w->base;
     w->conns.handler = &ric_request_conn_handler;
     w->conns.handler_ctx = &w->pipeline;
+    w->admin_pipeline.phases = ric_pipeline_admin_phases;
+    w->admin_pipeline.nphases = ric_pipeline_admin_nphases;
+    w->admin_pipeline.upstreams = w->upstreams;
+    w->admin_pipeline.conf = conf;
+    w->admin_conns.base = w->base;
+    w->admin_conns.handler = &ric_request_conn_handler;
+    w->admin_conns.handler_ctx = &w->admin_pipeline;
+    w->admin_conns.max = ric_max(conf->worker_connections / 8, 16);
+    w->admin_conns.room = admin_room;
+    w->admin_conns.emptied = admin_emptied;
+    w->admin_conns.ctx = w;
     if (conf->http != NULL) {
         /* after fork: LMDB environments and Redis connections are per process */
         ric_idem_store_open_all(conf->http->idem_stores, w->base);
@@ -203,6 +243,11 @@ ric_worker_run(ric_conf_t *conf)
     sigprocmask(SIG_BLOCK, &blocked, NULL);
     w->shutting_down = 1; /* closing the rest must not re-enable accepting */
     ric_conn_set_close_all(&w->conns);
+    ric_conn_set_close_all(&w->admin_conns);
+    if (w->admin_event != NULL) {
+        event_free(w->admin_event);
+        w->admin_event = NULL;
+    }
     /* a store may run the loop a moment to land its last writes: nothing
      * else may start meanwhile */
     accept_enable(w, 0);

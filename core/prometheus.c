@@ -1,0 +1,407 @@
+/* prometheus.c: the instance's metrics in the Prometheus text format (0.0.4), summed over every worker. */
+#include "prometheus.h"
+#include "budget.h"
+#include "idem_store.h"
+#include "metrics.h"
+#include "script.h"
+#include "upstream.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static void
+outf(ric_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+outf(ric_buf_t *b, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        ric_buf_put(b, line, ric_min((size_t) n, sizeof(line) - 1));
+    }
+}
+
+/* A label's value: backslash, quote and newline escaped. */
+static const char *
+esc(const char *s, char *buf, size_t size)
+{
+    size_t i = 0;
+
+    for (; *s && i + 2 < size; s++) {
+        if (*s == '\\' || *s == '"') {
+            buf[i++] = '\\';
+            buf[i++] = *s;
+        } else if (*s == '\n') {
+            buf[i++] = '\\';
+            buf[i++] = 'n';
+        } else {
+            buf[i++] = *s;
+        }
+    }
+    buf[i] = '\0';
+    return buf;
+}
+
+static void
+family(ric_buf_t *b, const char *name, const char *type, const char *help)
+{
+    outf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A histogram's series: cumulative buckets, sum and count. labels is
+ * `name="value"` (no braces). */
+static void
+histogram(ric_buf_t *b, const char *name, const char *labels, const ric_hist_t *h)
+{
+    uint64_t cum = 0;
+    int i;
+
+    for (i = 0; i < RIC_HIST_BUCKETS; i++) {
+        cum += h->n[i];
+        if (i < RIC_HIST_BUCKETS - 1) {
+            outf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels,
+                 (double) ric_hist_le_us[i] / 1e6, (unsigned long long) cum);
+        } else {
+            outf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long) cum);
+        }
+    }
+    outf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, labels, (double) h->sum_us / 1e6, name,
+         labels, (unsigned long long) cum);
+}
+
+/* Every route of conf (a server's unmatched requests, then its
+ * locations), with its entry summed. */
+typedef void (*route_fn)(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+                         const ric_route_shard_t *sum);
+
+static void
+each_route(const ric_conf_t *conf, ric_buf_t *b, route_fn fn)
+{
+    const ric_server_conf_t *s;
+    const ric_location_conf_t *l;
+    ric_route_shard_t sum;
+    char label[1200], e[2400];
+
+    for (s = conf->http->servers; s; s = s->next) {
+        if (s->metrics != NULL) {
+            ric_metrics_route_sum(s->metrics, &sum);
+            snprintf(label, sizeof(label), "%s (no location)", s->label);
+            fn(b, esc(label, e, sizeof(e)), NULL, &sum);
+        }
+        for (l = s->locations; l; l = l->next) {
+            if (l->metrics != NULL) {
+                ric_metrics_route_sum(l->metrics, &sum);
+                fn(b, esc(l->label, e, sizeof(e)), l, &sum);
+            }
+        }
+    }
+}
+
+static void
+route_requests(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+               const ric_route_shard_t *sum)
+{
+    int code;
+
+    (void) l;
+    for (code = 0; code < RIC_METRIC_CODES; code++) {
+        if (sum->requests[code] == 0) {
+            continue;
+        }
+        if (code == 0) {
+            outf(b, "ricochet_requests_total{route=\"%s\",code=\"other\"} %llu\n", route,
+                 (unsigned long long) sum->requests[code]);
+        } else {
+            outf(b, "ricochet_requests_total{route=\"%s\",code=\"%d\"} %llu\n", route, code,
+                 (unsigned long long) sum->requests[code]);
+        }
+    }
+}
+
+static void
+route_duration(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+               const ric_route_shard_t *sum)
+{
+    char labels[2600];
+
+    (void) l;
+    snprintf(labels, sizeof(labels), "route=\"%s\"", route);
+    histogram(b, "ricochet_request_duration_seconds", labels, &sum->duration);
+}
+
+static void
+route_attempts(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+               const ric_route_shard_t *sum)
+{
+    char e[600];
+    int c;
+
+    if (l == NULL || l->upstream == NULL) {
+        return;
+    }
+    for (c = 0; c < RIC_MC_MAX; c++) {
+        outf(b, "ricochet_attempts_total{route=\"%s\",upstream=\"%s\",class=\"%s\"} %llu\n", route,
+             esc(l->upstream->name, e, sizeof(e)), ric_metrics_class_name(c),
+             (unsigned long long) sum->attempts[c]);
+    }
+}
+
+static void
+route_retries(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+              const ric_route_shard_t *sum)
+{
+    int c;
+
+    if (l == NULL || l->upstream == NULL) {
+        return;
+    }
+    for (c = 0; c < RIC_MC_MAX; c++) {
+        if (c != RIC_MC_OK && c != RIC_MC_CUT && c != RIC_MC_CLIENT_BODY) {
+            outf(b, "ricochet_retries_total{route=\"%s\",reason=\"%s\"} %llu\n", route,
+                 ric_metrics_class_name(c), (unsigned long long) sum->retries[c]);
+        }
+    }
+    if (sum->retries[RIC_MC_OK] > 0) { /* a route script's classify asked for it */
+        outf(b, "ricochet_retries_total{route=\"%s\",reason=\"script\"} %llu\n", route,
+             (unsigned long long) sum->retries[RIC_MC_OK]);
+    }
+}
+
+static void
+route_refused(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+              const ric_route_shard_t *sum)
+{
+    int w;
+
+    if (l == NULL || l->upstream == NULL) {
+        return;
+    }
+    for (w = 0; w < RIC_MR_MAX; w++) {
+        if (ric_metrics_refusal_name(w) != NULL) {
+            outf(b, "ricochet_retry_refused_total{route=\"%s\",why=\"%s\"} %llu\n", route,
+                 ric_metrics_refusal_name(w), (unsigned long long) sum->refused[w]);
+        }
+    }
+}
+
+static void
+route_wait(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+           const ric_route_shard_t *sum)
+{
+    char labels[2600];
+
+    if (l == NULL || l->upstream == NULL) {
+        return;
+    }
+    snprintf(labels, sizeof(labels), "route=\"%s\"", route);
+    histogram(b, "ricochet_retry_wait_seconds", labels, &sum->retry_wait);
+}
+
+static void
+upstreams(const ric_conf_t *conf, ric_buf_t *b)
+{
+    const ric_upstream_conf_t *u;
+    const ric_upstream_server_t *s;
+    ric_upstream_shard_t sum;
+    char e[600], e2[600], labels[700];
+    int64_t now = ric_now_ms();
+
+    family(b, "ricochet_budget_tokens", "gauge",
+           "Tokens in the upstream's adaptive retry budget (one pays for a retry).");
+    for (u = conf->http->upstreams; u; u = u->next) {
+        ric_budget_t bud = { u->budget, u->budget_state };
+        if (u->budget_state != NULL && u->budget->kind == RIC_BUDGET_ADAPTIVE) {
+            outf(b, "ricochet_budget_tokens{upstream=\"%s\"} %.3f\n", esc(u->name, e, sizeof(e)),
+                 (double) ric_budget_tokens(&bud) / RIC_BUDGET_MILLI);
+        }
+    }
+    family(b, "ricochet_budget_waits_total", "counter",
+           "Times a retry waited for the upstream's retry budget.");
+    for (u = conf->http->upstreams; u; u = u->next) {
+        if (u->budget_state != NULL) {
+            outf(b, "ricochet_budget_waits_total{upstream=\"%s\"} %lld\n",
+                 esc(u->name, e, sizeof(e)), (long long) u->budget_state->waits);
+        }
+    }
+    family(b, "ricochet_budget_refused_total", "counter",
+           "Retries the upstream's retry budget refused.");
+    for (u = conf->http->upstreams; u; u = u->next) {
+        if (u->budget_state != NULL) {
+            outf(b, "ricochet_budget_refused_total{upstream=\"%s\"} %lld\n",
+                 esc(u->name, e, sizeof(e)), (long long) u->budget_state->refused);
+        }
+    }
+    family(b, "ricochet_upstream_response_seconds", "histogram",
+           "Time from an attempt's start to the end of its response head, by upstream.");
+    for (u = conf->http->upstreams; u; u = u->next) {
+        if (u->metrics != NULL) {
+            ric_metrics_upstream_sum(u->metrics, &sum);
+            snprintf(labels, sizeof(labels), "upstream=\"%s\"", esc(u->name, e, sizeof(e)));
+            histogram(b, "ricochet_upstream_response_seconds", labels, &sum.response);
+        }
+    }
+    family(b, "ricochet_upstream_server_up", "gauge",
+           "1 while passive health has not marked the upstream's server down.");
+    for (u = conf->http->upstreams; u; u = u->next) {
+        for (s = u->servers; s; s = s->next) {
+            if (s->health != NULL) {
+                outf(b, "ricochet_upstream_server_up{upstream=\"%s\",server=\"%s\"} %d\n",
+                     esc(u->name, e, sizeof(e)), esc(s->addr_text, e2, sizeof(e2)),
+                     s->health->down_until <= now);
+            }
+        }
+    }
+}
+
+static void
+stores(const ric_conf_t *conf, ric_buf_t *b)
+{
+    const ric_idem_store_conf_t *sc;
+    char e[1200];
+    int i;
+
+    family(b, "ricochet_idempotency_total", "counter",
+           "What the idempotency store's requests met, by store and result.");
+    for (sc = conf->http->idem_stores; sc; sc = sc->next) {
+        if (sc->counters == NULL || sc->ops == NULL) {
+            continue;
+        }
+        for (i = 0; i < RIC_MI_MAX; i++) {
+            outf(b, "ricochet_idempotency_total{store=\"%s\",result=\"%s\"} %llu\n",
+                 esc(sc->spec, e, sizeof(e)), ric_metrics_idem_name(i),
+                 (unsigned long long) sc->counters->n[i]);
+        }
+    }
+}
+
+/* Every route script of conf once (several locations may share one). */
+static void
+scripts(const ric_conf_t *conf, ric_buf_t *b, int stopped)
+{
+    static const char *const hooks[RIC_HOOKS] = { "on_request", "classify", "on_response",
+                                                  "on_log" };
+    const ric_script_t *done[256];
+    const ric_server_conf_t *s;
+    const ric_location_conf_t *l;
+    const ric_script_t *sc;
+    char e[4200];
+    int h, i, n = 0;
+
+    for (s = conf->http->servers; s; s = s->next) {
+        for (l = s->locations; l; l = l->next) {
+            sc = l->refs.script;
+            for (i = 0; i < n && done[i] != sc; i++) {
+            }
+            if (sc == NULL || sc->counts == NULL || i < n || n == (int) ric_nelems(done)) {
+                continue;
+            }
+            done[n++] = sc;
+            for (h = 0; h < RIC_HOOKS; h++) {
+                outf(b, "%s{script=\"%s\",hook=\"%s\"} %llu\n",
+                     stopped ? "ricochet_script_stopped_total" : "ricochet_script_errors_total",
+                     esc(sc->path, e, sizeof(e)), hooks[h],
+                     (unsigned long long) (stopped ? sc->counts->stopped[h]
+                                                   : sc->counts->failed[h]));
+            }
+        }
+    }
+}
+
+static void
+servers_tls(const ric_conf_t *conf, ric_buf_t *b)
+{
+    const ric_server_conf_t *s;
+    ric_route_shard_t sum;
+    char e[1200];
+    int i;
+
+    family(b, "ricochet_tls_handshakes_total", "counter",
+           "Client TLS handshakes, by the server whose certificate went, and result.");
+    for (s = conf->http->servers; s; s = s->next) {
+        if (s->ssl_ctx == NULL || s->metrics == NULL) {
+            continue;
+        }
+        ric_metrics_route_sum(s->metrics, &sum);
+        for (i = 0; i < RIC_TLS_RESULTS; i++) {
+            outf(b, "ricochet_tls_handshakes_total{server=\"%s\",result=\"%s\"} %llu\n",
+                 esc(s->label, e, sizeof(e)), ric_metrics_tls_name(i),
+                 (unsigned long long) sum.tls[i]);
+        }
+    }
+}
+
+static void
+instance(ric_buf_t *b)
+{
+    const ric_instance_t *in = ric_metrics_instance;
+    int64_t conns[RIC_CS_MAX] = { 0 };
+    int i, j, workers = 0;
+
+    family(b, "ricochet_build_info", "gauge", "The running build; always 1.");
+    outf(b, "ricochet_build_info{version=\"%s\"} 1\n", RIC_VERSION);
+    if (in == NULL) {
+        return;
+    }
+    family(b, "ricochet_config_generation", "gauge",
+           "Configurations the instance has loaded: 1 at start, one more per reload.");
+    outf(b, "ricochet_config_generation %lld\n", (long long) in->generation);
+    family(b, "ricochet_start_time_seconds", "gauge", "When the instance started (Unix time).");
+    outf(b, "ricochet_start_time_seconds %.3f\n", (double) in->started_ms / 1e3);
+    for (i = 0; i < RIC_METRIC_WORKERS; i++) {
+        if (in->workers[i].pid != 0) {
+            workers++;
+            for (j = 0; j < RIC_CS_MAX; j++) {
+                conns[j] += in->workers[i].conns[j];
+            }
+        }
+    }
+    family(b, "ricochet_workers", "gauge", "Worker processes running.");
+    outf(b, "ricochet_workers %d\n", workers);
+    family(b, "ricochet_connections", "gauge", "Client connections, by state.");
+    for (j = 0; j < RIC_CS_MAX; j++) {
+        outf(b, "ricochet_connections{state=\"%s\"} %lld\n", ric_metrics_conn_state_name(j),
+             (long long) ric_max(conns[j], 0));
+    }
+}
+
+void
+ric_prometheus_write(const ric_conf_t *conf, ric_buf_t *b)
+{
+    instance(b);
+    if (conf->http == NULL) {
+        return;
+    }
+    family(b, "ricochet_requests_total", "counter",
+           "Client requests, by route (server and location, as configured) and the status sent.");
+    each_route(conf, b, route_requests);
+    family(b, "ricochet_request_duration_seconds", "histogram",
+           "Time from a request's head to the end of its answer, by route.");
+    each_route(conf, b, route_duration);
+    family(b, "ricochet_attempts_total", "counter",
+           "Upstream attempts, by route, upstream and what the attempt met.");
+    each_route(conf, b, route_attempts);
+    family(b, "ricochet_retries_total", "counter",
+           "Retries made, by route and what the attempt before met.");
+    each_route(conf, b, route_retries);
+    family(b, "ricochet_retry_refused_total", "counter",
+           "Retries an outcome asked for and that were not made, by route and why.");
+    each_route(conf, b, route_refused);
+    family(b, "ricochet_retry_wait_seconds", "histogram",
+           "The wait before each retry (backoff, Retry-After, the budget), by route.");
+    each_route(conf, b, route_wait);
+    upstreams(conf, b);
+    stores(conf, b);
+    family(b, "ricochet_script_errors_total", "counter",
+           "Route script hook calls that failed, by script and hook.");
+    scripts(conf, b, 0);
+    family(b, "ricochet_script_stopped_total", "counter",
+           "Route script hook calls stopped by script_timeout or script_memory_max.");
+    scripts(conf, b, 1);
+    servers_tls(conf, b);
+}
