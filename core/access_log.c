@@ -74,6 +74,7 @@ ric_access_log_reopen(ric_conf_t *conf)
     if (conf->http == NULL) {
         return;
     }
+    ric_access_log_flush_due(conf, 0, 1); /* what was written before goes to the old file */
     for (a = conf->http->access_logs; a; a = a->next) {
         if (a->fd <= 2) {
             continue;
@@ -164,15 +165,16 @@ put_json_cstr(out_t *o, const char *s)
     }
 }
 
+static void put_line(ric_access_log_t *log, const char *line, size_t n);
+
 void
-ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
+ric_access_log_write(ric_access_log_t *log, const ric_access_entry_t *e)
 {
     static pid_t pid;
     char line[LINE_MAX_BYTES], ts[40];
     out_t o = { line, line + sizeof(line) - 2 };
     struct timeval tv;
     struct tm tm;
-    ssize_t wr;
     int i;
 
     if (log == NULL || log->fd == -1) {
@@ -260,6 +262,81 @@ ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e)
         o.p = o.end;
     }
     *o.p++ = '\n';
-    wr = write(log->fd, line, (size_t) (o.p - line));
-    (void) wr;
+    put_line(log, line, (size_t) (o.p - line));
+}
+
+/* Writes what log has gathered. */
+static void
+flush(ric_access_log_t *log)
+{
+    ssize_t wr;
+
+    if (log->len > 0) {
+        wr = write(log->fd, log->buf, log->len);
+        (void) wr;
+        log->len = 0;
+    }
+}
+
+/* A line goes out at once, or (buffer=) joins the buffer, which goes out
+ * when the next line would not fit or its oldest line is flush= old. */
+static void
+put_line(ric_access_log_t *log, const char *line, size_t n)
+{
+    int64_t now;
+    ssize_t wr;
+
+    if (log->buffer == 0 || n > (size_t) log->buffer) {
+        flush(log);
+        wr = write(log->fd, line, n);
+        (void) wr;
+        return;
+    }
+    if (log->buf == NULL) {
+        log->buf = ric_xmalloc((size_t) log->buffer);
+    }
+    if (log->len + n > (size_t) log->buffer) {
+        flush(log);
+    }
+    now = ric_now_ms();
+    if (log->len == 0) {
+        log->first_ms = now;
+    }
+    memcpy(log->buf + log->len, line, n);
+    log->len += n;
+    if (now - log->first_ms >= log->flush_ms) {
+        flush(log);
+    }
+}
+
+int64_t
+ric_access_log_flush_due(ric_conf_t *conf, int64_t now, int all)
+{
+    ric_access_log_t *a;
+    int64_t next = -1, due;
+
+    for (a = conf->http ? conf->http->access_logs : NULL; a; a = a->next) {
+        if (a->len == 0) {
+            continue;
+        }
+        due = a->first_ms + a->flush_ms;
+        if (all || due <= now) {
+            flush(a);
+        } else if (next < 0 || due < next) {
+            next = due;
+        }
+    }
+    return next;
+}
+
+void
+ric_access_log_free_buffers(ric_conf_t *conf)
+{
+    ric_access_log_t *a;
+
+    ric_access_log_flush_due(conf, 0, 1);
+    for (a = conf->http ? conf->http->access_logs : NULL; a; a = a->next) {
+        free(a->buf);
+        a->buf = NULL;
+    }
 }

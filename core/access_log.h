@@ -56,7 +56,16 @@ int ric_access_log_open(ric_conf_t *conf, char *err, size_t errlen);
 /* Reopens the log files after rotation (SIGUSR1). */
 void ric_access_log_reopen(ric_conf_t *conf);
 
-/* Writes e as one line to log with a single write(2); "off" does nothing. */
-void ric_access_log_write(const ric_access_log_t *log, const ric_access_entry_t *e);
+/* Writes e as one line to log: with a single write(2), or into the
+ * worker's buffer (buffer=), whose every write holds whole lines; "off"
+ * does nothing. */
+void ric_access_log_write(ric_access_log_t *log, const ric_access_entry_t *e);
+
+/* Writes the buffers whose oldest line is flush= old by now (all: every
+ * buffer). Returns when the next one will be, or -1 when none waits. */
+int64_t ric_access_log_flush_due(ric_conf_t *conf, int64_t now, int all);
+
+/* The worker exits: every buffer written, and freed. */
+void ric_access_log_free_buffers(ric_conf_t *conf);
 
 #endif /* RIC_ACCESS_LOG_H */

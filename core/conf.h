@@ -127,6 +127,13 @@ typedef struct ric_access_log_s ric_access_log_t;
 struct ric_access_log_s {
     char *path; /* resolved file, "stdout", "stderr" or "off" */
     int fd;     /* opened by the master; -1 when off or not yet open */
+    int64_t buffer;   /* buffer=SIZE: lines gather up to this many bytes; 0: one write a line */
+    int64_t flush_ms; /* flush=TIME: a buffered line waits at most this long */
+    const char *file; /* where it was first named, for errors */
+    int line;
+    u_char *buf;      /* this worker's buffer (made on its first line) */
+    size_t len;
+    int64_t first_ms; /* when the oldest buffered line was written */
     ric_access_log_t *next;
 };
 

@@ -851,29 +851,72 @@ set_proxy_set_header(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf
     return NULL;
 }
 
-static ric_access_log_t *
-access_log_for(ric_conf_parse_t *cf, const char *arg)
+/* access_log FILE [buffer=SIZE] [flush=TIME]: one destination for every
+ * route naming the same file, which must then say the same of its
+ * buffer. */
+static const char *
+access_log_for(ric_conf_parse_t *cf, ric_access_log_t **out)
 {
     ric_http_conf_t *http = cf->conf->http;
+    const char *arg = cf->args[1];
+    int64_t buffer = 0, flush_ms = -1;
     ric_access_log_t *a;
     char *path;
+    int i;
 
+    for (i = 2; i < cf->nargs; i++) {
+        if (strncmp(cf->args[i], "buffer=", 7) == 0) {
+            if (ric_conf_parse_size(cf->args[i] + 7, &buffer) != RIC_OK || buffer < 1024
+                || buffer > ((int64_t) 16 << 20)) {
+                return ric_conf_reason(cf, "invalid \"%s\" in \"access_log\": a size from 1k "
+                                       "to 16m", cf->args[i]);
+            }
+        } else if (strncmp(cf->args[i], "flush=", 6) == 0) {
+            if (ric_conf_parse_time(cf->args[i] + 6, &flush_ms) != RIC_OK || flush_ms <= 0) {
+                return ric_conf_reason(cf, "invalid \"%s\" in \"access_log\": a time above 0",
+                                       cf->args[i]);
+            }
+        } else {
+            return ric_conf_reason(cf, "invalid parameter \"%s\" in \"access_log\": "
+                                   "buffer=SIZE or flush=TIME", cf->args[i]);
+        }
+    }
+    if (flush_ms > 0 && buffer == 0) {
+        buffer = 64 << 10; /* flush= alone: nginx's default buffer */
+    }
+    if (buffer > 0 && flush_ms < 0) {
+        flush_ms = 1000;
+    }
     if (strcmp(arg, "off") == 0 || strcmp(arg, "stdout") == 0 || strcmp(arg, "stderr") == 0) {
+        if (buffer > 0 && strcmp(arg, "off") == 0) {
+            return ric_conf_reason(cf, "\"access_log off\" takes no buffer= or flush=");
+        }
         path = ric_pstrdup(cf->pool, arg);
     } else {
         path = ric_conf_full_path(cf->pool, cf->conf->prefix, arg);
     }
     for (a = http->access_logs; a; a = a->next) {
         if (strcmp(a->path, path) == 0) {
-            return a;
+            if (a->buffer != buffer || a->flush_ms != flush_ms) {
+                return ric_conf_reason(cf, "access_log %s is also named at %s:%d with another "
+                                       "buffer= or flush=: one file, one buffer", arg, a->file,
+                                       a->line);
+            }
+            *out = a;
+            return NULL;
         }
     }
     a = ric_pcalloc(cf->pool, sizeof(*a));
     a->path = path;
     a->fd = -1;
+    a->buffer = buffer;
+    a->flush_ms = flush_ms;
+    a->file = cf->file;
+    a->line = cf->directive_line;
     a->next = http->access_logs;
     http->access_logs = a;
-    return a;
+    *out = a;
+    return NULL;
 }
 
 static const char *
@@ -883,7 +926,7 @@ set_access_log(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 
     (void) conf;
     if (dup == NULL) {
-        current_refs(cf)->access_log = access_log_for(cf, cf->args[1]);
+        return access_log_for(cf, &current_refs(cf)->access_log);
     }
     return dup;
 }
@@ -1806,8 +1849,9 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "proxy_read_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_read_timeout), "60s",
       "longest pause between two reads of the upstream's response" },
-    { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_REF, set_access_log,
-      REFS(access_log), "off", "FILE | stdout | stderr | off: one JSON line per request" },
+    { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_TAKE2 | RIC_CONF_TAKE3 | RIC_CONF_REF,
+      set_access_log, REFS(access_log), "off",
+      "FILE | stdout | stderr | off [buffer=SIZE] [flush=TIME]: one JSON line per request" },
     { "admin_listen", RIC_CONF_HTTP, RIC_CONF_TAKE1, set_admin_listen, RIC_CONF_NO_OFFSET, NULL,
       "ADDRESS:PORT of the admin listener: /metrics, /healthz, /readyz, /status" },
     { "admin_allow", RIC_CONF_HTTP, RIC_CONF_1MORE, set_admin_allow, RIC_CONF_NO_OFFSET, NULL,

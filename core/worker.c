@@ -143,6 +143,37 @@ on_shutdown_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
+on_log_timer(evutil_socket_t fd, short what, void *arg)
+{
+    ric_worker_t *w = arg;
+
+    (void) fd;
+    (void) what;
+    ric_access_log_flush_due(w->conf, ric_now_ms(), 0);
+}
+
+/* With a buffered access log, a tick of half its flush= (at least 50 ms)
+ * writes the lines that waited long enough. */
+static void
+log_timer_start(ric_worker_t *w)
+{
+    ric_access_log_t *a;
+    int64_t every = 0;
+    struct timeval tv;
+
+    for (a = w->conf->http ? w->conf->http->access_logs : NULL; a; a = a->next) {
+        if (a->buffer > 0 && (every == 0 || a->flush_ms / 2 < every)) {
+            every = ric_max(a->flush_ms / 2, (int64_t) 50);
+        }
+    }
+    if (every > 0) {
+        w->log_timer = event_new(w->base, -1, EV_PERSIST, on_log_timer, w);
+        tv = ric_ms_to_tv(every);
+        event_add(w->log_timer, &tv);
+    }
+}
+
+static void
 on_signal(evutil_socket_t sig, short what, void *arg)
 {
     ric_worker_t *w = arg;
@@ -229,6 +260,7 @@ ric_worker_run(ric_conf_t *conf)
         /* after fork: LMDB environments and Redis connections are per process */
         ric_idem_store_open_all(conf->http->idem_stores, w->base);
     }
+    log_timer_start(w);
     accept_enable(w, 1);
     kill(getppid(), RIC_SIG_WORKER_READY); /* a reload waits for this before the old ones go */
 
@@ -263,6 +295,10 @@ ric_worker_run(ric_conf_t *conf)
         event_free(w->signals[i]);
     }
     event_free(w->shutdown_timer);
+    if (w->log_timer != NULL) {
+        event_free(w->log_timer);
+    }
+    ric_access_log_free_buffers(conf); /* every buffered line is written before the exit */
     event_base_free(w->base);
     free(w->accept_events);
     free(w);

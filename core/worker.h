@@ -23,6 +23,7 @@ struct ric_worker_s {
     ric_conn_set_t conns; /* every open client connection (conn.c keeps it) */
     ric_upstream_t *upstreams; /* indexed by ric_upstream_conf_t.index */
     ric_pipeline_t pipeline;   /* what every request is handed */
+    struct event *log_timer;   /* writes buffered access log lines (buffer=, flush=) */
     struct event *admin_event; /* accepting on the admin listener: on until the worker exits */
     ric_conn_set_t admin_conns;
     ric_pipeline_t admin_pipeline;

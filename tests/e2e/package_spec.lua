@@ -69,12 +69,14 @@ describe("the Debian package", function()
         assert.equal("/usr/sbin/ricochet -c /etc/ricochet/ricochet.conf", start)
         assert.equal("/usr/sbin/ricochet -c /etc/ricochet/ricochet.conf -s reload", reload)
         -- the package's files moved under root, and the demo's addresses to free ports
-        local port, upstream = H.free_port(), H.start_upstream()
+        local ports, upstream = H.free_ports(2), H.start_upstream()
+        local port = ports[1]
         upstream:program({ default = { status = 200, body = "through the package" } })
         local function moved(s)
             return (s:gsub("/usr/sbin/", root .. "/usr/sbin/"):gsub("/etc/ricochet/", root .. "/etc/ricochet/")
                 :gsub("/run/ricochet%.pid", root .. "/ricochet.pid"):gsub("/var/", root .. "/var/")
                 :gsub("127%.0%.0%.1:8080", "127.0.0.1:" .. port)
+                :gsub("127%.0%.0%.1:9901", "127.0.0.1:" .. ports[2])
                 :gsub("127%.0%.0%.1:9000", "127.0.0.1:" .. upstream.port))
         end
         local conf_path = root .. "/etc/ricochet/ricochet.conf"
