@@ -155,6 +155,9 @@ status_json(ric_request_t *r, ric_str_t query)
                              && seq < INT64_MAX / 10 - 9; i++) {
             seq = seq * 10 + (query.data[i] - '0');
         }
+        if (i == 4 || (i < query.len && query.data[i] != '&')) {
+            return json_line(r, 400, JSON, "{\"error\":\"seq must be a sample number\"}\n");
+        }
     }
     rc = ric_status_json(r->pipeline->conf, seq, &b);
     if (rc == RIC_DECLINED) {

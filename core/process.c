@@ -950,7 +950,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     for (;;) {
         now = ric_now_ms();
         if (now >= sample_at) {
-            ric_status_sample(m.conf); /* the status page's second */
+            ric_status_sample(m.conf, ric_wall_ms()); /* the status page's second */
             sample_at = ric_max(sample_at + 1000, now + 500);
         }
         wake = ric_min(now + 1000, sample_at);

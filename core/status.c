@@ -73,7 +73,7 @@ upstream_point(ric_status_point_t *p, const ric_upstream_conf_t *u, int64_t now)
 }
 
 void
-ric_status_sample(const ric_conf_t *conf)
+ric_status_sample(const ric_conf_t *conf, int64_t wall_ms)
 {
     ric_instance_t *in = ric_metrics_instance;
     const ric_server_conf_t *s;
@@ -88,7 +88,7 @@ ric_status_sample(const ric_conf_t *conf)
     }
     seq = (uint64_t) in->seq;
     slot = (int) (seq % RIC_STATUS_SAMPLES);
-    in->sample_ms[slot] = ric_wall_ms();
+    in->sample_ms[slot] = wall_ms;
     for (s = conf->http->servers; s; s = s->next) {
         for (l = s->locations; l; l = l->next) {
             if (l->metrics != NULL) {

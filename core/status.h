@@ -6,8 +6,9 @@
 #include "conf.h"
 
 /* The master, once a second: every route's and upstream's running totals
- * (and budget tokens, servers up) into the next sample of their rings. */
-void ric_status_sample(const ric_conf_t *conf);
+ * (and budget tokens, servers up) into the next sample of their rings,
+ * taken at wall_ms (the wall clock; tests give their own). */
+void ric_status_sample(const ric_conf_t *conf, int64_t wall_ms);
 
 /* Appends sample seq (-1: the latest) as JSON to b: for each upstream and
  * route the totals, the rates, success and latency over the last ten
