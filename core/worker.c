@@ -42,6 +42,8 @@ accept_enable(ric_worker_t *w, int on)
     w->accepting = on;
 }
 
+static void admin_room(void *ctx, int room);
+
 static void
 on_accept(evutil_socket_t fd, short what, void *arg)
 {
@@ -61,7 +63,11 @@ on_accept(evutil_socket_t fd, short what, void *arg)
             ric_log_error(RIC_LOG_ALERT, errno, "accept4() failed on %s", ls->text);
             if (errno == EMFILE || errno == ENFILE) {
                 /* out of descriptors: pause accepting until one closes */
-                accept_enable(w, 0);
+                if (ls->admin) {
+                    admin_room(w, 0);
+                } else {
+                    accept_enable(w, 0);
+                }
             }
             return;
         }
@@ -73,7 +79,12 @@ on_accept(evutil_socket_t fd, short what, void *arg)
 static void
 accept_room(void *ctx, int room)
 {
-    accept_enable(ctx, room);
+    ric_worker_t *w = ctx;
+
+    accept_enable(w, room);
+    if (room && w->admin_paused) {
+        admin_room(w, 1); /* a descriptor was freed: the admin listener may accept again */
+    }
 }
 
 /* The admin listener pauses only when its own connections are too many. */
@@ -87,6 +98,7 @@ admin_room(void *ctx, int room)
     } else {
         event_del(w->admin_event);
     }
+    w->admin_paused = !room;
 }
 
 static void

@@ -25,6 +25,7 @@ struct ric_worker_s {
     ric_pipeline_t pipeline;   /* what every request is handed */
     struct event *log_timer;   /* writes buffered access log lines (buffer=, flush=) */
     struct event *admin_event; /* accepting on the admin listener: on until the worker exits */
+    int admin_paused;          /* out of descriptors, or of room in its set */
     ric_conn_set_t admin_conns;
     ric_pipeline_t admin_pipeline;
 };
