@@ -6,26 +6,7 @@
 #include "script.h"
 #include "upstream.h"
 
-#include <stdarg.h>
 #include <stdio.h>
-
-static void
-outf(ric_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-outf(ric_buf_t *b, const char *fmt, ...)
-{
-    char line[2048];
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (n > 0) {
-        ric_buf_put(b, line, ric_min((size_t) n, sizeof(line) - 1));
-    }
-}
 
 /* A label's value: backslash, quote and newline escaped. */
 static const char *
@@ -51,7 +32,7 @@ esc(const char *s, char *buf, size_t size)
 static void
 family(ric_buf_t *b, const char *name, const char *type, const char *help)
 {
-    outf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    ric_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* A histogram's series: cumulative buckets, sum and count. labels is
@@ -65,13 +46,13 @@ histogram(ric_buf_t *b, const char *name, const char *labels, const ric_hist_t *
     for (i = 0; i < RIC_HIST_BUCKETS; i++) {
         cum += h->n[i];
         if (i < RIC_HIST_BUCKETS - 1) {
-            outf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels,
+            ric_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels,
                  (double) ric_hist_le_us[i] / 1e6, (unsigned long long) cum);
         } else {
-            outf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long) cum);
+            ric_buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long) cum);
         }
     }
-    outf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, labels, (double) h->sum_us / 1e6, name,
+    ric_buf_printf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, labels, (double) h->sum_us / 1e6, name,
          labels, (unsigned long long) cum);
 }
 
@@ -115,10 +96,10 @@ route_requests(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
             continue;
         }
         if (code == 0) {
-            outf(b, "ricochet_requests_total{route=\"%s\",code=\"other\"} %llu\n", route,
+            ric_buf_printf(b, "ricochet_requests_total{route=\"%s\",code=\"other\"} %llu\n", route,
                  (unsigned long long) sum->requests[code]);
         } else {
-            outf(b, "ricochet_requests_total{route=\"%s\",code=\"%d\"} %llu\n", route, code,
+            ric_buf_printf(b, "ricochet_requests_total{route=\"%s\",code=\"%d\"} %llu\n", route, code,
                  (unsigned long long) sum->requests[code]);
         }
     }
@@ -146,7 +127,7 @@ route_attempts(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
         return;
     }
     for (c = 0; c < RIC_MC_MAX; c++) {
-        outf(b, "ricochet_attempts_total{route=\"%s\",upstream=\"%s\",class=\"%s\"} %llu\n", route,
+        ric_buf_printf(b, "ricochet_attempts_total{route=\"%s\",upstream=\"%s\",class=\"%s\"} %llu\n", route,
              esc(l->upstream->name, e, sizeof(e)), ric_metrics_class_name(c),
              (unsigned long long) sum->attempts[c]);
     }
@@ -163,12 +144,12 @@ route_retries(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
     }
     for (c = 0; c < RIC_MC_MAX; c++) {
         if (c != RIC_MC_OK && c != RIC_MC_CUT && c != RIC_MC_CLIENT_BODY) {
-            outf(b, "ricochet_retries_total{route=\"%s\",reason=\"%s\"} %llu\n", route,
+            ric_buf_printf(b, "ricochet_retries_total{route=\"%s\",reason=\"%s\"} %llu\n", route,
                  ric_metrics_class_name(c), (unsigned long long) sum->retries[c]);
         }
     }
     if (sum->retries[RIC_MC_OK] > 0) { /* a route script's classify asked for it */
-        outf(b, "ricochet_retries_total{route=\"%s\",reason=\"script\"} %llu\n", route,
+        ric_buf_printf(b, "ricochet_retries_total{route=\"%s\",reason=\"script\"} %llu\n", route,
              (unsigned long long) sum->retries[RIC_MC_OK]);
     }
 }
@@ -184,7 +165,7 @@ route_refused(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
     }
     for (w = 0; w < RIC_MR_MAX; w++) {
         if (ric_metrics_refusal_name(w) != NULL) {
-            outf(b, "ricochet_retry_refused_total{route=\"%s\",why=\"%s\"} %llu\n", route,
+            ric_buf_printf(b, "ricochet_retry_refused_total{route=\"%s\",why=\"%s\"} %llu\n", route,
                  ric_metrics_refusal_name(w), (unsigned long long) sum->refused[w]);
         }
     }
@@ -217,7 +198,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     for (u = conf->http->upstreams; u; u = u->next) {
         ric_budget_t bud = { u->budget, u->budget_state };
         if (u->budget_state != NULL && u->budget->kind == RIC_BUDGET_ADAPTIVE) {
-            outf(b, "ricochet_budget_tokens{upstream=\"%s\"} %.3f\n", esc(u->name, e, sizeof(e)),
+            ric_buf_printf(b, "ricochet_budget_tokens{upstream=\"%s\"} %.3f\n", esc(u->name, e, sizeof(e)),
                  (double) ric_budget_tokens(&bud) / RIC_BUDGET_MILLI);
         }
     }
@@ -225,7 +206,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
            "Times a retry waited for the upstream's retry budget.");
     for (u = conf->http->upstreams; u; u = u->next) {
         if (u->budget_state != NULL) {
-            outf(b, "ricochet_budget_waits_total{upstream=\"%s\"} %lld\n",
+            ric_buf_printf(b, "ricochet_budget_waits_total{upstream=\"%s\"} %lld\n",
                  esc(u->name, e, sizeof(e)), (long long) u->budget_state->waits);
         }
     }
@@ -233,7 +214,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
            "Retries the upstream's retry budget refused.");
     for (u = conf->http->upstreams; u; u = u->next) {
         if (u->budget_state != NULL) {
-            outf(b, "ricochet_budget_refused_total{upstream=\"%s\"} %lld\n",
+            ric_buf_printf(b, "ricochet_budget_refused_total{upstream=\"%s\"} %lld\n",
                  esc(u->name, e, sizeof(e)), (long long) u->budget_state->refused);
         }
     }
@@ -251,7 +232,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     for (u = conf->http->upstreams; u; u = u->next) {
         for (s = u->servers; s; s = s->next) {
             if (s->health != NULL) {
-                outf(b, "ricochet_upstream_server_up{upstream=\"%s\",server=\"%s\"} %d\n",
+                ric_buf_printf(b, "ricochet_upstream_server_up{upstream=\"%s\",server=\"%s\"} %d\n",
                      esc(u->name, e, sizeof(e)), esc(s->addr_text, e2, sizeof(e2)),
                      s->health->down_until <= now);
             }
@@ -273,7 +254,7 @@ stores(const ric_conf_t *conf, ric_buf_t *b)
             continue;
         }
         for (i = 0; i < RIC_MI_MAX; i++) {
-            outf(b, "ricochet_idempotency_total{store=\"%s\",result=\"%s\"} %llu\n",
+            ric_buf_printf(b, "ricochet_idempotency_total{store=\"%s\",result=\"%s\"} %llu\n",
                  esc(sc->spec, e, sizeof(e)), ric_metrics_idem_name(i),
                  (unsigned long long) sc->counters->n[i]);
         }
@@ -303,7 +284,7 @@ scripts(const ric_conf_t *conf, ric_buf_t *b, int stopped)
             }
             done[n++] = sc;
             for (h = 0; h < RIC_HOOKS; h++) {
-                outf(b, "%s{script=\"%s\",hook=\"%s\"} %llu\n",
+                ric_buf_printf(b, "%s{script=\"%s\",hook=\"%s\"} %llu\n",
                      stopped ? "ricochet_script_stopped_total" : "ricochet_script_errors_total",
                      esc(sc->path, e, sizeof(e)), hooks[h],
                      (unsigned long long) (stopped ? sc->counts->stopped[h]
@@ -329,7 +310,7 @@ servers_tls(const ric_conf_t *conf, ric_buf_t *b)
         }
         ric_metrics_route_sum(s->metrics, &sum);
         for (i = 0; i < RIC_TLS_RESULTS; i++) {
-            outf(b, "ricochet_tls_handshakes_total{server=\"%s\",result=\"%s\"} %llu\n",
+            ric_buf_printf(b, "ricochet_tls_handshakes_total{server=\"%s\",result=\"%s\"} %llu\n",
                  esc(s->label, e, sizeof(e)), ric_metrics_tls_name(i),
                  (unsigned long long) sum.tls[i]);
         }
@@ -344,15 +325,15 @@ instance(ric_buf_t *b)
     int i, j, workers = 0;
 
     family(b, "ricochet_build_info", "gauge", "The running build; always 1.");
-    outf(b, "ricochet_build_info{version=\"%s\"} 1\n", RIC_VERSION);
+    ric_buf_printf(b, "ricochet_build_info{version=\"%s\"} 1\n", RIC_VERSION);
     if (in == NULL) {
         return;
     }
     family(b, "ricochet_config_generation", "gauge",
            "Configurations the instance has loaded: 1 at start, one more per reload.");
-    outf(b, "ricochet_config_generation %lld\n", (long long) in->generation);
+    ric_buf_printf(b, "ricochet_config_generation %lld\n", (long long) in->generation);
     family(b, "ricochet_start_time_seconds", "gauge", "When the instance started (Unix time).");
-    outf(b, "ricochet_start_time_seconds %.3f\n", (double) in->started_ms / 1e3);
+    ric_buf_printf(b, "ricochet_start_time_seconds %.3f\n", (double) in->started_ms / 1e3);
     for (i = 0; i < RIC_METRIC_WORKERS; i++) {
         if (in->workers[i].pid != 0) {
             workers++;
@@ -362,10 +343,10 @@ instance(ric_buf_t *b)
         }
     }
     family(b, "ricochet_workers", "gauge", "Worker processes running.");
-    outf(b, "ricochet_workers %d\n", workers);
+    ric_buf_printf(b, "ricochet_workers %d\n", workers);
     family(b, "ricochet_connections", "gauge", "Client connections, by state.");
     for (j = 0; j < RIC_CS_MAX; j++) {
-        outf(b, "ricochet_connections{state=\"%s\"} %lld\n", ric_metrics_conn_state_name(j),
+        ric_buf_printf(b, "ricochet_connections{state=\"%s\"} %lld\n", ric_metrics_conn_state_name(j),
              (long long) ric_max(conns[j], 0));
     }
 }

@@ -4,7 +4,6 @@
 #include "script.h"
 #include "upstream.h"
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -111,24 +110,6 @@ ric_status_sample(const ric_conf_t *conf, int64_t wall_ms)
 /* --- /status.json --------------------------------------------------------- */
 
 static void
-outf(ric_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-outf(ric_buf_t *b, const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (n > 0) {
-        ric_buf_put(b, line, ric_min((size_t) n, sizeof(line) - 1));
-    }
-}
-
-static void
 json_str(ric_buf_t *b, const char *s)
 {
     char hex[8];
@@ -177,7 +158,7 @@ history(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring, size_t of
         p = point(ring, s);
         q = point(ring, s - 1);
         if (p != NULL && q != NULL) {
-            outf(b, "%s%llu", n++ ? "," : "",
+            ric_buf_printf(b, "%s%llu", n++ ? "," : "",
                  (unsigned long long) (*(const uint64_t *) ((const u_char *) p + off)
                                        - *(const uint64_t *) ((const u_char *) q + off)));
         }
@@ -207,17 +188,17 @@ series(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring)
     secs = (double) (v->in->sample_ms[v->seq % RIC_STATUS_SAMPLES]
                      - v->in->sample_ms[(then->seq - 1) % RIC_STATUS_SAMPLES]) / 1e3;
     dreq = now->requests - then->requests;
-    outf(b, "\"requests\":%llu,\"retries\":%llu,\"attempts\":%llu,\"refused\":%llu,",
+    ric_buf_printf(b, "\"requests\":%llu,\"retries\":%llu,\"attempts\":%llu,\"refused\":%llu,",
          (unsigned long long) now->requests, (unsigned long long) now->retries,
          (unsigned long long) now->attempts, (unsigned long long) now->refused);
-    outf(b, "\"requests_per_sec\":%.2f,\"retries_per_sec\":%.2f,",
+    ric_buf_printf(b, "\"requests_per_sec\":%.2f,\"retries_per_sec\":%.2f,",
          secs > 0 ? (double) dreq / secs : 0.0,
          secs > 0 ? (double) (now->retries - then->retries) / secs : 0.0);
     if (dreq > 0) {
-        outf(b, "\"success_rate\":%.2f,",
+        ric_buf_printf(b, "\"success_rate\":%.2f,",
              100.0 * (double) (dreq - (now->errors - then->errors)) / (double) dreq);
     } else {
-        outf(b, "\"success_rate\":null,");
+        ric_buf_printf(b, "\"success_rate\":null,");
     }
     for (i = 0; i < RIC_HIST_BUCKETS; i++) {
         hist[i] = now->hist[i] - then->hist[i];
@@ -225,9 +206,9 @@ series(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring)
     p50 = ric_hist_quantile(hist, 0.5);
     p99 = ric_hist_quantile(hist, 0.99);
     if (p50 >= 0) {
-        outf(b, "\"p50_ms\":%.1f,\"p99_ms\":%.1f,", (double) p50 / 1e3, (double) p99 / 1e3);
+        ric_buf_printf(b, "\"p50_ms\":%.1f,\"p99_ms\":%.1f,", (double) p50 / 1e3, (double) p99 / 1e3);
     } else {
-        outf(b, "\"p50_ms\":null,\"p99_ms\":null,");
+        ric_buf_printf(b, "\"p50_ms\":null,\"p99_ms\":null,");
     }
     ric_buf_puts(b, "\"history\":{\"requests\":");
     history(b, v, ring, offsetof(ric_status_point_t, requests));
@@ -250,16 +231,16 @@ upstream_json(ric_buf_t *b, const view_t *v, const ric_upstream_conf_t *u)
     ric_buf_puts(b, ",");
     series(b, v, u->metrics->ring);
     if (u->budget->kind == RIC_BUDGET_ADAPTIVE) {
-        outf(b, ",\"budget_tokens\":%.1f", (double) now->tokens_milli / RIC_BUDGET_MILLI);
+        ric_buf_printf(b, ",\"budget_tokens\":%.1f", (double) now->tokens_milli / RIC_BUDGET_MILLI);
     } else {
         ric_buf_puts(b, ",\"budget_tokens\":null");
     }
-    outf(b, ",\"budget_waits\":%llu,\"budget_refused\":%llu,\"servers\":[",
+    ric_buf_printf(b, ",\"budget_waits\":%llu,\"budget_refused\":%llu,\"servers\":[",
          (unsigned long long) now->waits, (unsigned long long) now->refused);
     for (i = 0, s = u->servers; s && i < 64; s = s->next, i++) {
         ric_buf_puts(b, i ? ",{\"server\":" : "{\"server\":");
         json_str(b, s->addr_text);
-        outf(b, ",\"up\":%s}", now->up_mask & ((uint64_t) 1 << i) ? "true" : "false");
+        ric_buf_printf(b, ",\"up\":%s}", now->up_mask & ((uint64_t) 1 << i) ? "true" : "false");
     }
     ric_buf_puts(b, "]}");
 }
@@ -280,9 +261,9 @@ route_json(ric_buf_t *b, const view_t *v, const ric_location_conf_t *l)
     }
     ric_buf_puts(b, ",");
     series(b, v, l->metrics->ring);
-    outf(b, ",\"script_errors\":%llu,\"idempotency\":{", (unsigned long long) now->script_errors);
+    ric_buf_printf(b, ",\"script_errors\":%llu,\"idempotency\":{", (unsigned long long) now->script_errors);
     for (i = 0; i < RIC_MI_MAX; i++) {
-        outf(b, "%s\"%s\":%llu", i ? "," : "", ric_metrics_idem_name(i),
+        ric_buf_printf(b, "%s\"%s\":%llu", i ? "," : "", ric_metrics_idem_name(i),
              (unsigned long long) now->idem[i]);
     }
     ric_buf_puts(b, "}}");
@@ -308,7 +289,7 @@ ric_status_json(const ric_conf_t *conf, int64_t want, ric_buf_t *b)
     if (v.seq >= written || v.seq < v.first) {
         return RIC_ERROR; /* not (or no longer) in the ring */
     }
-    outf(b, "{\"version\":\"%s\",\"generation\":%lld,\"seq\":%llu,\"time\":%lld,"
+    ric_buf_printf(b, "{\"version\":\"%s\",\"generation\":%lld,\"seq\":%llu,\"time\":%lld,"
          "\"started\":%lld,\"window_seconds\":%d,\"upstreams\":[", RIC_VERSION,
          (long long) in->generation, (unsigned long long) v.seq,
          (long long) in->sample_ms[v.seq % RIC_STATUS_SAMPLES], (long long) in->started_ms,

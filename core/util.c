@@ -2,6 +2,7 @@
 #include "ric_core.h"
 
 #include <openssl/rand.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -145,6 +146,21 @@ void
 ric_buf_puts(ric_buf_t *b, const char *s)
 {
     ric_buf_put(b, s, strlen(s));
+}
+
+void
+ric_buf_printf(ric_buf_t *b, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        ric_buf_put(b, line, ric_min((size_t) n, sizeof(line) - 1));
+    }
 }
 
 void

@@ -207,6 +207,22 @@ on_signal(evutil_socket_t sig, short what, void *arg)
     }
 }
 
+/* A connection set whose requests run the phases given (on this
+ * worker's loop, upstreams and configuration). */
+static void
+requests_of(ric_worker_t *w, ric_conn_set_t *set, ric_pipeline_t *p, const ric_phase_t *phases,
+            unsigned n)
+{
+    p->phases = phases;
+    p->nphases = n;
+    p->upstreams = w->upstreams;
+    p->conf = w->conf;
+    set->base = w->base;
+    set->handler = &ric_request_conn_handler;
+    set->handler_ctx = p;
+    set->ctx = w;
+}
+
 int
 ric_worker_run(ric_conf_t *conf)
 {
@@ -245,29 +261,16 @@ ric_worker_run(ric_conf_t *conf)
         event_add(w->signals[i], NULL);
     }
     w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
+    w->upstreams = ric_upstream_init_all(conf, w->base);
+    requests_of(w, &w->conns, &w->pipeline, ric_pipeline_phases, ric_pipeline_nphases);
     w->conns.max = conf->worker_connections;
     w->conns.room = accept_room;
     w->conns.emptied = all_closed;
-    w->conns.ctx = w;
-    w->upstreams = ric_upstream_init_all(conf, w->base);
-    w->pipeline.phases = ric_pipeline_phases;
-    w->pipeline.nphases = ric_pipeline_nphases;
-    w->pipeline.upstreams = w->upstreams;
-    w->pipeline.conf = conf;
-    w->conns.base = w->base;
-    w->conns.handler = &ric_request_conn_handler;
-    w->conns.handler_ctx = &w->pipeline;
-    w->admin_pipeline.phases = ric_pipeline_admin_phases;
-    w->admin_pipeline.nphases = ric_pipeline_admin_nphases;
-    w->admin_pipeline.upstreams = w->upstreams;
-    w->admin_pipeline.conf = conf;
-    w->admin_conns.base = w->base;
-    w->admin_conns.handler = &ric_request_conn_handler;
-    w->admin_conns.handler_ctx = &w->admin_pipeline;
+    requests_of(w, &w->admin_conns, &w->admin_pipeline, ric_pipeline_admin_phases,
+                ric_pipeline_admin_nphases);
     w->admin_conns.max = ric_max(conf->worker_connections / 8, 16);
     w->admin_conns.room = admin_room;
     w->admin_conns.emptied = admin_emptied;
-    w->admin_conns.ctx = w;
     if (conf->http != NULL) {
         /* after fork: LMDB environments and Redis connections are per process */
         ric_idem_store_open_all(conf->http->idem_stores, w->base);
