@@ -695,8 +695,12 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
                       r->location->path, r->location->file, r->location->line);
     }
     if (d.retry) {
-        ric_log_error(RIC_LOG_WARN, 0, "retrying after %s %d%s: attempt %d%s%lld in %lldms, "
-                      "client: %s, upstream: %s", ric_retry_class_name(class), status,
+        char after[32] = "";
+        if (class == RIC_CLASS_STATUS) {
+            snprintf(after, sizeof(after), " %d", status);
+        }
+        ric_log_error(RIC_LOG_WARN, 0, "retrying after %s%s%s: attempt %d%s%lld in %lldms, "
+                      "client: %s, upstream: %s", ric_retry_class_name(class), after,
                       in.classified == RIC_CLASSIFY_RETRY ? " (the route script's classify)" : "",
                       u->number + 1, r->policy.attempts ? "/" : "",
                       (long long) r->policy.attempts, (long long) d.wait_ms, r->c->peer,

@@ -93,8 +93,10 @@ set_add(ric_conn_set_t *s, ric_conn_t *c)
     ric_link_t *l, *next;
     int reclaimed = 0;
 
-    c->gauge = gauge_of(c) + 1;
-    ric_metrics_conn_state(-1, c->gauge - 1);
+    if (s->counted) {
+        c->gauge = gauge_of(c) + 1;
+        ric_metrics_conn_state(-1, c->gauge - 1);
+    }
     ric_list_push_front(&s->list, &c->link);
     if (++s->n < s->max) {
         return;
@@ -118,8 +120,10 @@ static void
 set_remove(ric_conn_set_t *s, ric_conn_t *c)
 {
     ric_list_remove(&s->list, &c->link);
-    ric_metrics_conn_state(c->gauge - 1, -1);
-    c->gauge = 0;
+    if (c->gauge > 0) {
+        ric_metrics_conn_state(c->gauge - 1, -1);
+        c->gauge = 0;
+    }
     s->n--;
     if (s->draining) {
         if (s->n == 0) {

@@ -56,6 +56,7 @@ typedef struct {
 typedef struct {
     ric_list_t list; /* ric_conn_t */
     int64_t n, max;
+    int counted;       /* its connections' states count in the instance's gauges */
     int draining;
     int64_t drain_ms;  /* a request under way must be answered within this
                         * (a share of worker_shutdown_timeout) */

@@ -264,6 +264,7 @@ ric_worker_run(ric_conf_t *conf)
     w->upstreams = ric_upstream_init_all(conf, w->base);
     requests_of(w, &w->conns, &w->pipeline, ric_pipeline_phases, ric_pipeline_nphases);
     w->conns.max = conf->worker_connections;
+    w->conns.counted = 1; /* the admin listener's are not the gateway's */
     w->conns.room = accept_room;
     w->conns.emptied = all_closed;
     requests_of(w, &w->admin_conns, &w->admin_pipeline, ric_pipeline_admin_phases,
