@@ -194,10 +194,16 @@ ric_admin_phase(ric_request_t *r)
 {
     const ric_http_msg_t *m = r->msg;
     ric_str_t path = ric_request_span(r, m->target_off, m->path_len);
-    ric_str_t query = ric_request_span(r, m->target_off, m->target_len);
+    ric_str_t query = ric_request_span(r, m->target_off, m->target_len), host;
 
     query.data += ric_min(query.len, path.len + 1);
     query.len -= ric_min(query.len, path.len + 1);
+    if (ric_http_absolute_form(path, &host, &path) && path.len == 0) {
+        path = (ric_str_t) ric_string("/"); /* "GET http://host:9901/metrics" is /metrics */
+    }
+    if (ric_metrics_instance != NULL && ric_metrics_instance->stopping) {
+        ric_conn_close_after(r->c); /* the instance goes: one answer a connection */
+    }
     if (!allowed(r->pipeline->conf->http, r->c->peer_ip)) {
         ric_log_error(RIC_LOG_INFO, 0, "admin_allow does not list the client (403), client: %s",
                       r->c->peer);

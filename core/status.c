@@ -170,11 +170,11 @@ history(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring, size_t of
  * second, the share of requests answered below 500, the latency's p50
  * and p99; then the history, one figure a second. */
 static void
-series(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring)
+series(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring, int by_attempts)
 {
     const ric_status_point_t *now = point(ring, v->seq), *then = NULL;
     uint64_t from = v->seq >= WINDOW && v->seq - WINDOW >= v->first ? v->seq - WINDOW : v->first;
-    uint64_t hist[RIC_HIST_BUCKETS], s, dreq;
+    uint64_t hist[RIC_HIST_BUCKETS], s, dreq, dall;
     double secs;
     int64_t p50, p99;
     int i;
@@ -188,15 +188,18 @@ series(ric_buf_t *b, const view_t *v, const ric_status_point_t *ring)
     secs = (double) (v->in->sample_ms[v->seq % RIC_STATUS_SAMPLES]
                      - v->in->sample_ms[(then->seq - 1) % RIC_STATUS_SAMPLES]) / 1e3;
     dreq = now->requests - then->requests;
+    /* an upstream's success is its attempts' (errors counts failed
+     * attempts); a route's, its requests' (errors counts answers >= 500) */
+    dall = by_attempts ? now->attempts - then->attempts : dreq;
     ric_buf_printf(b, "\"requests\":%llu,\"retries\":%llu,\"attempts\":%llu,\"refused\":%llu,",
          (unsigned long long) now->requests, (unsigned long long) now->retries,
          (unsigned long long) now->attempts, (unsigned long long) now->refused);
     ric_buf_printf(b, "\"requests_per_sec\":%.2f,\"retries_per_sec\":%.2f,",
          secs > 0 ? (double) dreq / secs : 0.0,
          secs > 0 ? (double) (now->retries - then->retries) / secs : 0.0);
-    if (dreq > 0) {
+    if (dall > 0) {
         ric_buf_printf(b, "\"success_rate\":%.2f,",
-             100.0 * (double) (dreq - (now->errors - then->errors)) / (double) dreq);
+             100.0 * (double) (dall - (now->errors - then->errors)) / (double) dall);
     } else {
         ric_buf_printf(b, "\"success_rate\":null,");
     }
@@ -229,7 +232,7 @@ upstream_json(ric_buf_t *b, const view_t *v, const ric_upstream_conf_t *u)
     ric_buf_puts(b, "{\"name\":");
     json_str(b, u->name);
     ric_buf_puts(b, ",");
-    series(b, v, u->metrics->ring);
+    series(b, v, u->metrics->ring, 1);
     if (u->budget->kind == RIC_BUDGET_ADAPTIVE) {
         ric_buf_printf(b, ",\"budget_tokens\":%.1f", (double) now->tokens_milli / RIC_BUDGET_MILLI);
     } else {
@@ -260,7 +263,7 @@ route_json(ric_buf_t *b, const view_t *v, const ric_location_conf_t *l)
         ric_buf_puts(b, "null");
     }
     ric_buf_puts(b, ",");
-    series(b, v, l->metrics->ring);
+    series(b, v, l->metrics->ring, 0);
     ric_buf_printf(b, ",\"script_errors\":%llu,\"idempotency\":{", (unsigned long long) now->script_errors);
     for (i = 0; i < RIC_MI_MAX; i++) {
         ric_buf_printf(b, "%s\"%s\":%llu", i ? "," : "", ric_metrics_idem_name(i),

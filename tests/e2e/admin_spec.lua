@@ -56,6 +56,13 @@ local function by(list, field, value)
     return nil
 end
 
+-- Whether the port takes a connection now (the admin listener opens with the workers).
+local function accepts(port)
+    local c = H.connect(port, { timeout = 0.2 })
+    if c then c:close() end
+    return c ~= nil
+end
+
 -- Bytes of a Lua pattern taken literally.
 local function lit(s) return (s:gsub("%p", "%%%0")) end
 
@@ -167,7 +174,7 @@ describe("the admin listener", function()
         up:program({ default = { status = 200, body = "ok\n" } })
         gw = H.start_gateway({ conf = MAIN, upstream = up })
         -- the admin listener opens with the workers; wait for it rather than assume it
-        assert(H.wait_until(function() return H.connect(gw.port2, { timeout = 0.2 }) end, 5), ctx(gw))
+        assert(H.wait_until(function() return accepts(gw.port2) end, 5), ctx(gw))
     end)
 
     teardown(function()
@@ -247,17 +254,17 @@ describe("the admin listener", function()
             assert(admin(gw, p))
         end
         assert(admin(gw, "/metrics", { method = "POST", body = "x" }))
+        assert.matches("^HTTP/1%.1 400 ", (H.raw(gw.port2, "BAD REQUEST LINE\r\n\r\n")))
         local after = requests_total("\n" .. assert(admin(gw, "/metrics")).body)
         assert.equal(before, after, "admin requests were counted in ricochet_requests_total")
 
         assert.equal(200, assert(H.request(gw.port, { path = "/after-admin" })).status)
         assert.truthy(H.wait_until(function() return #H.access_entries(gw, "/after-admin") == 1 end, 3),
             ctx(gw, "the proxied request never reached the access log"))
-        for _, e in ipairs(H.access_entries(gw)) do
-            assert.truthy(e.path == "/before-admin" or e.path == "/after-admin" or not e.path:find("^/metrics")
-                and not e.path:find("^/healthz") and not e.path:find("^/readyz") and not e.path:find("^/status")
-                and e.path ~= "/" and e.path ~= "/nope", "an admin request is in the access log: " .. json.encode(e))
-        end
+        -- every other request to this gateway so far went to the admin listener (malformed ones too)
+        local paths = {}
+        for _, e in ipairs(H.access_entries(gw)) do paths[#paths + 1] = tostring(e.path) end
+        assert.same({ "/before-admin", "/after-admin" }, paths)
     end)
 
     it("reports /healthz with the version, generation, workers, uptime and the master's pid", function()
@@ -581,7 +588,7 @@ describe("/readyz", function()
         up = H.start_upstream()
         up:program({ default = { status = 200, body = "slow answer", delay_ms = 2500 } })
         gw = H.start_gateway({ conf = READY, upstream = up, vars = { GEN = "one" } })
-        assert(H.wait_until(function() return H.connect(gw.port2, { timeout = 0.2 }) end, 5), ctx(gw))
+        assert(H.wait_until(function() return accepts(gw.port2) end, 5), ctx(gw))
     end)
 
     after_each(function()
