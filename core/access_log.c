@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/time.h>
@@ -27,6 +29,10 @@ open_one(ric_access_log_t *a)
         if (a->fd == -1) {
             return RIC_ERROR;
         }
+    }
+    if (a->fd != -1) {
+        struct stat st;
+        a->pipe = fstat(a->fd, &st) == 0 && !S_ISREG(st.st_mode);
     }
     return RIC_OK;
 }
@@ -265,17 +271,33 @@ ric_access_log_write(ric_access_log_t *log, const ric_access_entry_t *e)
     put_line(log, line, (size_t) (o.p - line));
 }
 
-/* Writes what log has gathered. */
+/* Writes what log has gathered. A pipe or a socket (stdout under a
+ * supervisor) takes a write whole only up to PIPE_BUF: there the lines go
+ * in pieces of that much, each ending with a line's end, so the workers'
+ * lines never interleave mid-line. */
 static void
 flush(ric_access_log_t *log)
 {
+    size_t off = 0, n;
     ssize_t wr;
+    u_char *nl;
 
-    if (log->len > 0) {
-        wr = write(log->fd, log->buf, log->len);
-        (void) wr;
-        log->len = 0;
+    while (off < log->len) {
+        n = log->len - off;
+        if (log->pipe && n > PIPE_BUF) {
+            nl = memrchr(log->buf + off, '\n', PIPE_BUF);
+            if (nl == NULL) { /* a line longer than PIPE_BUF: alone */
+                nl = memchr(log->buf + off + PIPE_BUF, '\n', n - PIPE_BUF);
+            }
+            n = nl != NULL ? (size_t) (nl - (log->buf + off)) + 1 : n;
+        }
+        wr = write(log->fd, log->buf + off, n);
+        if (wr <= 0) {
+            break; /* the rest of the buffer is lost, as an unbuffered line would be */
+        }
+        off += (size_t) wr;
     }
+    log->len = 0;
 }
 
 /* A line goes out at once, or (buffer=) joins the buffer, which goes out

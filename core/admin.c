@@ -147,15 +147,20 @@ status_json(ric_request_t *r, ric_str_t query)
 {
     ric_buf_t b = { 0 };
     int64_t seq = -1;
-    size_t i;
+    const u_char *p = query.data, *end = query.data + query.len, *amp, *v;
     int rc;
 
-    if (query.len > 4 && memcmp(query.data, "seq=", 4) == 0) {
-        for (i = 4, seq = 0; i < query.len && query.data[i] >= '0' && query.data[i] <= '9'
-                             && seq < INT64_MAX / 10 - 9; i++) {
-            seq = seq * 10 + (query.data[i] - '0');
+    for (; p < end; p = amp + 1) {
+        amp = memchr(p, '&', (size_t) (end - p));
+        amp = amp != NULL ? amp : end;
+        if (amp - p < 4 || memcmp(p, "seq=", 4) != 0) {
+            continue; /* another parameter: not ours */
         }
-        if (i == 4 || (i < query.len && query.data[i] != '&')) {
+        for (v = p += 4, seq = 0; p < amp && *p >= '0' && *p <= '9' && seq < INT64_MAX / 10 - 9;
+             p++) {
+            seq = seq * 10 + (*p - '0');
+        }
+        if (p == v || p != amp) { /* none, or not only digits (or too many) */
             return json_line(r, 400, JSON, "{\"error\":\"seq must be a sample number\"}\n");
         }
     }

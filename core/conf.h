@@ -134,6 +134,7 @@ struct ric_access_log_s {
     u_char *buf;      /* this worker's buffer (made on its first line) */
     size_t len;
     int64_t first_ms; /* when the oldest buffered line was written */
+    int pipe;         /* not a regular file: a write is whole only up to PIPE_BUF */
     ric_access_log_t *next;
 };
 

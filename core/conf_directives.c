@@ -2019,6 +2019,8 @@ name_taken(ric_conf_parse_t *cf, const ric_listener_t *ls, const ric_listen_t *l
     return NULL;
 }
 
+#define ADMIN_HEAD_MS 10000
+
 static int
 loopback(const struct sockaddr_storage *ss)
 {
@@ -2463,8 +2465,12 @@ ric_conf_finish(ric_conf_parse_t *cf)
         u->host_header = u->name;
     }
     if (c->http->admin != NULL) {
-        /* the timeouts and limits of the http level; no access log */
+        /* the timeouts and limits of the http level, a head within 10 s at
+         * most (a probe that stalls must not hold a connection for long);
+         * no access log */
         settings_merge(&c->http->admin->settings, &c->http->settings);
+        c->http->admin->settings.client_header_timeout =
+            ric_min(c->http->admin->settings.client_header_timeout, (int64_t) ADMIN_HEAD_MS);
     }
     for (s = c->http->servers; s; s = s->next) {
         settings_merge(&s->settings, &c->http->settings);

@@ -13,6 +13,7 @@ const int64_t ric_hist_le_us[RIC_HIST_BUCKETS - 1] = {
 };
 
 int ric_metrics_shard;
+int64_t ric_metrics_generation;
 ric_worker_gauges_t *ric_metrics_gauges;
 ric_instance_t *ric_metrics_instance;
 
@@ -26,29 +27,34 @@ server_label(ric_conf_t *conf, ric_server_conf_t *s, int nth)
     const char *base = s->nnames > 0 && s->names[0][0] != '\0' ? s->names[0]
                        : s->listens ? s->listens->text : "_";
     ric_server_conf_t *o;
-    char buf[600];
+    ric_buf_t b = { 0 };
+    char *label;
 
+    ric_buf_puts(&b, base);
     for (o = conf->http->servers; o != s; o = o->next) {
         if (strcmp(o->label, base) == 0) {
-            snprintf(buf, sizeof(buf), "%s#%d", base, nth);
-            return ric_pstrdup(conf->pool, buf);
+            ric_buf_printf(&b, "#%d", nth);
+            break;
         }
     }
-    return ric_pstrdup(conf->pool, base);
+    label = ric_pstrndup(conf->pool, (const char *) b.data, b.len);
+    ric_buf_free(&b);
+    return label;
 }
 
 static void *
 entry(ric_shm_t *zone, const char *kind, const char *label, size_t size, char *err,
       size_t errlen)
 {
-    char name[1200];
+    ric_buf_t name = { 0 };
     int created;
     void *p;
 
-    snprintf(name, sizeof(name), "metrics:%s:%s", kind, label);
-    p = ric_shm_entry(zone, name, size, &created);
+    ric_buf_printf(&name, "metrics:%s:%s", kind, label);
+    p = ric_shm_entry(zone, (const char *) name.data, size, &created);
+    ric_buf_free(&name);
     if (p == NULL) {
-        snprintf(err, errlen, "the shared memory zone has no room for the metrics of %s \"%s\"",
+        snprintf(err, errlen, "the shared memory zone has no room for the metrics of %s \"%.200s\"",
                  kind, label);
     }
     return p;
@@ -61,8 +67,8 @@ ric_metrics_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
     ric_location_conf_t *l;
     ric_upstream_conf_t *u;
     ric_instance_t *in;
-    char buf[1200];
-    int created, nth = 0;
+    ric_buf_t b = { 0 };
+    int created, nth = 0, rc = RIC_OK;
 
     in = ric_shm_entry(zone, "metrics:instance", sizeof(*in), &created);
     if (in == NULL) {
@@ -78,29 +84,25 @@ ric_metrics_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
     if (conf->http == NULL) {
         return RIC_OK;
     }
-    for (s = conf->http->servers; s; s = s->next) {
+    for (s = conf->http->servers; s && rc == RIC_OK; s = s->next) {
         s->label = server_label(conf, s, ++nth);
         s->metrics = entry(zone, "server", s->label, sizeof(ric_route_metrics_t), err, errlen);
-        if (s->metrics == NULL) {
-            return RIC_ERROR;
-        }
-        for (l = s->locations; l; l = l->next) {
-            snprintf(buf, sizeof(buf), "%s %s%s", s->label, l->exact ? "= " : "", l->path);
-            l->label = ric_pstrdup(conf->pool, buf);
+        rc = s->metrics != NULL ? RIC_OK : RIC_ERROR;
+        for (l = s->locations; l && rc == RIC_OK; l = l->next) {
+            b.len = 0;
+            ric_buf_printf(&b, "%s %s%s", s->label, l->exact ? "= " : "", l->path);
+            l->label = ric_pstrndup(conf->pool, (const char *) b.data, b.len);
             l->metrics = entry(zone, "route", l->label, sizeof(ric_route_metrics_t), err, errlen);
-            if (l->metrics == NULL) {
-                return RIC_ERROR;
-            }
+            rc = l->metrics != NULL ? RIC_OK : RIC_ERROR;
         }
     }
-    for (u = conf->http->upstreams; u; u = u->next) {
+    for (u = conf->http->upstreams; u && rc == RIC_OK; u = u->next) {
         u->metrics = entry(zone, "upstream", u->name, sizeof(ric_upstream_metrics_t), err,
                            errlen);
-        if (u->metrics == NULL) {
-            return RIC_ERROR;
-        }
+        rc = u->metrics != NULL ? RIC_OK : RIC_ERROR;
     }
-    return RIC_OK;
+    ric_buf_free(&b);
+    return rc;
 }
 
 size_t
@@ -123,13 +125,14 @@ ric_metrics_zone_size(const ric_conf_t *conf)
 }
 
 void
-ric_metrics_worker_begin(int index)
+ric_metrics_worker_begin(int index, int64_t generation)
 {
     ric_instance_t *in = ric_metrics_instance;
     int64_t none;
     int i;
 
     ric_metrics_shard = index % RIC_METRIC_SHARDS;
+    ric_metrics_generation = generation;
     if (in == NULL) {
         return;
     }
@@ -140,6 +143,15 @@ ric_metrics_worker_begin(int index)
             return;
         }
     }
+}
+
+int
+ric_metrics_admin_stays(void)
+{
+    const ric_instance_t *in = ric_metrics_instance;
+
+    return in != NULL && in->stopping && !in->handed_over
+           && in->generation == ric_metrics_generation;
 }
 
 void

@@ -102,7 +102,7 @@ struct ric_upstream_metrics_s {
 enum { RIC_CS_HANDSHAKE = 0, RIC_CS_READING, RIC_CS_ACTIVE, RIC_CS_IDLE, RIC_CS_CLOSING,
        RIC_CS_MAX };
 
-#define RIC_METRIC_WORKERS 64
+#define RIC_METRIC_WORKERS 2048 /* two generations of worker_processes' most, overlapping */
 
 /* A worker's place in the zone: its pid (0: free) and its gauges. */
 typedef struct {
@@ -116,16 +116,24 @@ typedef struct {
     _Atomic int64_t started_ms;   /* wall clock */
     _Atomic int64_t generation;   /* configurations loaded: 1, and one per reload */
     _Atomic int64_t stopping;     /* 1: it is shutting down (readyz says 503) */
+    _Atomic int64_t handed_over;  /* 1: a new binary's instance serves (and answers the admin address) */
     _Atomic int64_t seq;          /* status samples written; the last is seq - 1 */
     int64_t sample_ms[RIC_STATUS_SAMPLES]; /* wall clock of each sample */
     ric_worker_gauges_t workers[RIC_METRIC_WORKERS];
 } ric_instance_t;
 
-/* This process's shard (a worker's, set before it runs) and gauges. */
+/* This process's shard (a worker's, set before it runs), its
+ * configuration's generation, and its gauges. */
 extern int ric_metrics_shard;
+extern int64_t ric_metrics_generation;
 extern ric_worker_gauges_t *ric_metrics_gauges;
 /* The instance entry of the zone this process maps (NULL: none, tests). */
 extern ric_instance_t *ric_metrics_instance;
+
+/* Whether this worker, stopping, is the last to answer on the admin
+ * address: its instance is shutting down (no other generation or binary
+ * serves in its place), so /readyz must still say so. */
+int ric_metrics_admin_stays(void);
 
 /* The master, with a generation: every server, location and upstream of
  * conf gets its entry ("metrics:route:NAME", "metrics:upstream:NAME"), and
@@ -136,8 +144,9 @@ int ric_metrics_share(ric_conf_t *conf, struct ric_shm_s *zone, char *err, size_
 /* The room conf's entries take. */
 size_t ric_metrics_zone_size(const ric_conf_t *conf);
 
-/* A worker takes / the master frees a place among the instance's workers. */
-void ric_metrics_worker_begin(int index);
+/* A worker (its place among its generation's workers, the generation)
+ * takes / the master frees a place among the instance's workers. */
+void ric_metrics_worker_begin(int index, int64_t generation);
 void ric_metrics_worker_gone(int64_t pid);
 
 /* --- counting (any worker, on the request path) --------------------------- */

@@ -273,7 +273,7 @@ close_others(const ric_conf_t *conf)
 }
 
 static pid_t
-spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, ric_log_t *log)
+spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, int64_t gen, ric_log_t *log)
 {
     sigset_t set;
     pid_t master = getpid(), pid;
@@ -297,7 +297,7 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, ric_log_t *log)
         signal(SIGPIPE, SIG_IGN);
         sigemptyset(&set);
         sigprocmask(SIG_SETMASK, &set, NULL);
-        ric_metrics_worker_begin(index); /* its shard of the counters, its gauges */
+        ric_metrics_worker_begin(index, gen); /* its shard of the counters, its gauges */
         exit(ric_worker_run(conf));
     }
     slot->pid = pid;
@@ -575,7 +575,7 @@ reload_begin(master_t *m, pid_t asker)
     m->next = ric_xcalloc((size_t) m->next_n, sizeof(worker_slot_t));
     m->next_deadline = ric_now_ms() + RELOAD_START_MS;
     for (i = 0; i < m->next_n; i++) {
-        spawn_worker(c, &m->next[i], i, m->next_log_open ? &m->next_log : NULL);
+        spawn_worker(c, &m->next[i], i, (int64_t) m->gen + 1, m->next_log_open ? &m->next_log : NULL);
     }
 }
 
@@ -939,9 +939,10 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
         free(m.slots);
         return 1;
     }
+    ric_metrics_instance->master_pid = getpid(); /* after daemonize: this process */
     ric_log_stderr_too = 0; /* start-up is over: the error log alone from here */
     for (i = 0; i < m.n; i++) {
-        spawn_worker(conf, &m.slots[i], i, NULL);
+        spawn_worker(conf, &m.slots[i], i, m.gen, NULL);
     }
     ric_log_error(RIC_LOG_NOTICE, 0, "ricochet/%s started: master %d, %d worker%s", RIC_VERSION,
                   (int) getpid(), m.n, m.n == 1 ? "" : "s");
@@ -957,7 +958,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
         for (i = 0; i < m.n && stopping == RUNNING; i++) {
             if (m.slots[i].pid == 0) {
                 if (m.slots[i].respawn_at <= now) {
-                    spawn_worker(m.conf, &m.slots[i], i, NULL);
+                    spawn_worker(m.conf, &m.slots[i], i, m.gen, NULL);
                 } else {
                     wake = ric_min(wake, m.slots[i].respawn_at);
                 }
@@ -1040,7 +1041,8 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             reload_reply(&m, 1, line);
             m.upgrade_pid = 0;
             m.handed_over = 1;
-            ric_metrics_instance->stopping = 1; /* this instance goes: not ready */
+            ric_metrics_instance->handed_over = 1; /* the new one answers the admin address */
+            ric_metrics_instance->stopping = 1;    /* this instance goes: not ready */
             for (i = 0; i < m.nwaiting; i++) {
                 reply_one(&m, m.waiting[i], 0, "reload refused: the binary was upgraded meanwhile; "
                           "the new master read the configuration as it started");

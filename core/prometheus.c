@@ -8,25 +8,28 @@
 
 #include <stdio.h>
 
-/* A label's value: backslash, quote and newline escaped. */
+/* A label's value: backslash, quote and newline escaped; into the next
+ * of a few scratch buffers, so one line may hold several. */
 static const char *
-esc(const char *s, char *buf, size_t size)
+esc(const char *s)
 {
-    size_t i = 0;
+    static ric_buf_t scratch[4];
+    static unsigned next;
+    ric_buf_t *b = &scratch[next++ % ric_nelems(scratch)];
 
-    for (; *s && i + 2 < size; s++) {
+    b->len = 0;
+    for (; *s; s++) {
         if (*s == '\\' || *s == '"') {
-            buf[i++] = '\\';
-            buf[i++] = *s;
+            ric_buf_put(b, "\\", 1);
+            ric_buf_put(b, s, 1);
         } else if (*s == '\n') {
-            buf[i++] = '\\';
-            buf[i++] = 'n';
+            ric_buf_put(b, "\\n", 2);
         } else {
-            buf[i++] = *s;
+            ric_buf_put(b, s, 1);
         }
     }
-    buf[i] = '\0';
-    return buf;
+    ric_buf_put(b, "", 1);
+    return (const char *) b->data;
 }
 
 static void
@@ -35,10 +38,10 @@ family(ric_buf_t *b, const char *name, const char *type, const char *help)
     ric_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* A histogram's series: cumulative buckets, sum and count. labels is
- * `name="value"` (no braces). */
+/* A histogram's series, with one label (key="value", value escaped):
+ * cumulative buckets, sum and count. */
 static void
-histogram(ric_buf_t *b, const char *name, const char *labels, const ric_hist_t *h)
+histogram(ric_buf_t *b, const char *name, const char *key, const char *value, const ric_hist_t *h)
 {
     uint64_t cum = 0;
     int i;
@@ -46,14 +49,15 @@ histogram(ric_buf_t *b, const char *name, const char *labels, const ric_hist_t *
     for (i = 0; i < RIC_HIST_BUCKETS; i++) {
         cum += h->n[i];
         if (i < RIC_HIST_BUCKETS - 1) {
-            ric_buf_printf(b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels,
-                 (double) ric_hist_le_us[i] / 1e6, (unsigned long long) cum);
+            ric_buf_printf(b, "%s_bucket{%s=\"%s\",le=\"%g\"} %llu\n", name, key, value,
+                           (double) ric_hist_le_us[i] / 1e6, (unsigned long long) cum);
         } else {
-            ric_buf_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long) cum);
+            ric_buf_printf(b, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %llu\n", name, key, value,
+                           (unsigned long long) cum);
         }
     }
-    ric_buf_printf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, labels, (double) h->sum_us / 1e6, name,
-         labels, (unsigned long long) cum);
+    ric_buf_printf(b, "%s_sum{%s=\"%s\"} %.6f\n", name, key, value, (double) h->sum_us / 1e6);
+    ric_buf_printf(b, "%s_count{%s=\"%s\"} %llu\n", name, key, value, (unsigned long long) cum);
 }
 
 /* Every route of conf (a server's unmatched requests, then its
@@ -67,21 +71,30 @@ each_route(const ric_conf_t *conf, ric_buf_t *b, route_fn fn)
     const ric_server_conf_t *s;
     const ric_location_conf_t *l;
     ric_route_shard_t sum;
-    char label[1200], e[2400];
+    ric_buf_t label = { 0 }, route = { 0 };
 
     for (s = conf->http->servers; s; s = s->next) {
         if (s->metrics != NULL) {
             ric_metrics_route_sum(s->metrics, &sum);
-            snprintf(label, sizeof(label), "%s (no location)", s->label);
-            fn(b, esc(label, e, sizeof(e)), NULL, &sum);
+            label.len = 0;
+            ric_buf_printf(&label, "%s (no location)", s->label);
+            route.len = 0;
+            ric_buf_puts(&route, esc((const char *) label.data));
+            ric_buf_put(&route, "", 1);
+            fn(b, (const char *) route.data, NULL, &sum);
         }
         for (l = s->locations; l; l = l->next) {
             if (l->metrics != NULL) {
                 ric_metrics_route_sum(l->metrics, &sum);
-                fn(b, esc(l->label, e, sizeof(e)), l, &sum);
+                route.len = 0;
+                ric_buf_puts(&route, esc(l->label));
+                ric_buf_put(&route, "", 1);
+                fn(b, (const char *) route.data, l, &sum);
             }
         }
     }
+    ric_buf_free(&label);
+    ric_buf_free(&route);
 }
 
 static void
@@ -109,18 +122,14 @@ static void
 route_duration(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
                const ric_route_shard_t *sum)
 {
-    char labels[2600];
-
     (void) l;
-    snprintf(labels, sizeof(labels), "route=\"%s\"", route);
-    histogram(b, "ricochet_request_duration_seconds", labels, &sum->duration);
+    histogram(b, "ricochet_request_duration_seconds", "route", route, &sum->duration);
 }
 
 static void
 route_attempts(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
                const ric_route_shard_t *sum)
 {
-    char e[600];
     int c;
 
     if (l == NULL || l->upstream == NULL) {
@@ -128,7 +137,7 @@ route_attempts(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
     }
     for (c = 0; c < RIC_MC_MAX; c++) {
         ric_buf_printf(b, "ricochet_attempts_total{route=\"%s\",upstream=\"%s\",class=\"%s\"} %llu\n", route,
-             esc(l->upstream->name, e, sizeof(e)), ric_metrics_class_name(c),
+             esc(l->upstream->name), ric_metrics_class_name(c),
              (unsigned long long) sum->attempts[c]);
     }
 }
@@ -175,13 +184,10 @@ static void
 route_wait(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
            const ric_route_shard_t *sum)
 {
-    char labels[2600];
-
     if (l == NULL || l->upstream == NULL) {
         return;
     }
-    snprintf(labels, sizeof(labels), "route=\"%s\"", route);
-    histogram(b, "ricochet_retry_wait_seconds", labels, &sum->retry_wait);
+    histogram(b, "ricochet_retry_wait_seconds", "route", route, &sum->retry_wait);
 }
 
 static void
@@ -190,7 +196,6 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     const ric_upstream_conf_t *u;
     const ric_upstream_server_t *s;
     ric_upstream_shard_t sum;
-    char e[600], e2[600], labels[700];
     int64_t now = ric_now_ms();
 
     family(b, "ricochet_budget_tokens", "gauge",
@@ -198,7 +203,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     for (u = conf->http->upstreams; u; u = u->next) {
         ric_budget_t bud = { u->budget, u->budget_state };
         if (u->budget_state != NULL && u->budget->kind == RIC_BUDGET_ADAPTIVE) {
-            ric_buf_printf(b, "ricochet_budget_tokens{upstream=\"%s\"} %.3f\n", esc(u->name, e, sizeof(e)),
+            ric_buf_printf(b, "ricochet_budget_tokens{upstream=\"%s\"} %.3f\n", esc(u->name),
                  (double) ric_budget_tokens(&bud) / RIC_BUDGET_MILLI);
         }
     }
@@ -207,7 +212,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     for (u = conf->http->upstreams; u; u = u->next) {
         if (u->budget_state != NULL) {
             ric_buf_printf(b, "ricochet_budget_waits_total{upstream=\"%s\"} %lld\n",
-                 esc(u->name, e, sizeof(e)), (long long) u->budget_state->waits);
+                 esc(u->name), (long long) u->budget_state->waits);
         }
     }
     family(b, "ricochet_budget_refused_total", "counter",
@@ -215,7 +220,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     for (u = conf->http->upstreams; u; u = u->next) {
         if (u->budget_state != NULL) {
             ric_buf_printf(b, "ricochet_budget_refused_total{upstream=\"%s\"} %lld\n",
-                 esc(u->name, e, sizeof(e)), (long long) u->budget_state->refused);
+                 esc(u->name), (long long) u->budget_state->refused);
         }
     }
     family(b, "ricochet_upstream_response_seconds", "histogram",
@@ -223,8 +228,8 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
     for (u = conf->http->upstreams; u; u = u->next) {
         if (u->metrics != NULL) {
             ric_metrics_upstream_sum(u->metrics, &sum);
-            snprintf(labels, sizeof(labels), "upstream=\"%s\"", esc(u->name, e, sizeof(e)));
-            histogram(b, "ricochet_upstream_response_seconds", labels, &sum.response);
+            histogram(b, "ricochet_upstream_response_seconds", "upstream", esc(u->name),
+                      &sum.response);
         }
     }
     family(b, "ricochet_upstream_server_up", "gauge",
@@ -233,7 +238,7 @@ upstreams(const ric_conf_t *conf, ric_buf_t *b)
         for (s = u->servers; s; s = s->next) {
             if (s->health != NULL) {
                 ric_buf_printf(b, "ricochet_upstream_server_up{upstream=\"%s\",server=\"%s\"} %d\n",
-                     esc(u->name, e, sizeof(e)), esc(s->addr_text, e2, sizeof(e2)),
+                     esc(u->name), esc(s->addr_text),
                      s->health->down_until <= now);
             }
         }
@@ -244,7 +249,6 @@ static void
 stores(const ric_conf_t *conf, ric_buf_t *b)
 {
     const ric_idem_store_conf_t *sc;
-    char e[1200];
     int i;
 
     family(b, "ricochet_idempotency_total", "counter",
@@ -255,7 +259,7 @@ stores(const ric_conf_t *conf, ric_buf_t *b)
         }
         for (i = 0; i < RIC_MI_MAX; i++) {
             ric_buf_printf(b, "ricochet_idempotency_total{store=\"%s\",result=\"%s\"} %llu\n",
-                 esc(sc->spec, e, sizeof(e)), ric_metrics_idem_name(i),
+                 esc(sc->spec), ric_metrics_idem_name(i),
                  (unsigned long long) sc->counters->n[i]);
         }
     }
@@ -271,7 +275,6 @@ scripts(const ric_conf_t *conf, ric_buf_t *b, int stopped)
     const ric_server_conf_t *s;
     const ric_location_conf_t *l;
     const ric_script_t *sc;
-    char e[4200];
     int h, i, n = 0;
 
     for (s = conf->http->servers; s; s = s->next) {
@@ -286,7 +289,7 @@ scripts(const ric_conf_t *conf, ric_buf_t *b, int stopped)
             for (h = 0; h < RIC_HOOKS; h++) {
                 ric_buf_printf(b, "%s{script=\"%s\",hook=\"%s\"} %llu\n",
                      stopped ? "ricochet_script_stopped_total" : "ricochet_script_errors_total",
-                     esc(sc->path, e, sizeof(e)), hooks[h],
+                     esc(sc->path), hooks[h],
                      (unsigned long long) (stopped ? sc->counts->stopped[h]
                                                    : sc->counts->failed[h]));
             }
@@ -299,7 +302,6 @@ servers_tls(const ric_conf_t *conf, ric_buf_t *b)
 {
     const ric_server_conf_t *s;
     ric_route_shard_t sum;
-    char e[1200];
     int i;
 
     family(b, "ricochet_tls_handshakes_total", "counter",
@@ -311,7 +313,7 @@ servers_tls(const ric_conf_t *conf, ric_buf_t *b)
         ric_metrics_route_sum(s->metrics, &sum);
         for (i = 0; i < RIC_TLS_RESULTS; i++) {
             ric_buf_printf(b, "ricochet_tls_handshakes_total{server=\"%s\",result=\"%s\"} %llu\n",
-                 esc(s->label, e, sizeof(e)), ric_metrics_tls_name(i),
+                 esc(s->label), ric_metrics_tls_name(i),
                  (unsigned long long) sum.tls[i]);
         }
     }

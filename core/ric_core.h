@@ -102,7 +102,7 @@ struct ric_buf_s {
 /* Appends n bytes (growing the buffer; aborts on out-of-memory). */
 void ric_buf_put(ric_buf_t *b, const void *p, size_t n);
 void ric_buf_puts(ric_buf_t *b, const char *s);
-/* Appends printf's output (a line of up to 2 KiB). */
+/* Appends printf's output, however long. */
 void ric_buf_printf(ric_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ric_buf_free(ric_buf_t *b);
 

@@ -109,21 +109,62 @@ ric_status_sample(const ric_conf_t *conf, int64_t wall_ms)
 
 /* --- /status.json --------------------------------------------------------- */
 
-static void
-json_str(ric_buf_t *b, const char *s)
+/* The length of the UTF-8 sequence at s (well formed, no overlong form
+ * or surrogate), or 0. */
+static size_t
+utf8_len(const u_char *s)
 {
+    size_t n, i;
+    uint32_t cp;
+
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+        n = 2, cp = s[0] & 0x1f;
+    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        n = 3, cp = s[0] & 0x0f;
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        n = 4, cp = s[0] & 0x07;
+    } else {
+        return 0;
+    }
+    for (i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 4 && (cp < 0x10000
+                                                                            || cp > 0x10ffff))) {
+        return 0;
+    }
+    return n;
+}
+
+/* A JSON string: UTF-8 as it is (a name in the config reads the same as
+ * in /metrics), quotes, backslashes and control bytes escaped, a byte
+ * that is not UTF-8 as U+FFFD. */
+static void
+json_str(ric_buf_t *b, const char *str)
+{
+    const u_char *s = (const u_char *) str;
     char hex[8];
+    size_t n;
 
     ric_buf_put(b, "\"", 1);
-    for (; *s; s++) {
+    while (*s) {
         if (*s == '"' || *s == '\\') {
             ric_buf_put(b, "\\", 1);
-            ric_buf_put(b, s, 1);
-        } else if ((u_char) *s < 0x20 || (u_char) *s > 0x7e) {
-            snprintf(hex, sizeof(hex), "\\u%04x", (u_char) *s);
+            ric_buf_put(b, s++, 1);
+        } else if (*s < 0x20 || *s == 0x7f) {
+            snprintf(hex, sizeof(hex), "\\u%04x", *s++);
             ric_buf_put(b, hex, 6);
+        } else if (*s < 0x80) {
+            ric_buf_put(b, s++, 1);
+        } else if ((n = utf8_len(s)) > 0) {
+            ric_buf_put(b, s, n);
+            s += n;
         } else {
-            ric_buf_put(b, s, 1);
+            ric_buf_puts(b, "\\ufffd");
+            s++;
         }
     }
     ric_buf_put(b, "\"", 1);

@@ -151,16 +151,23 @@ ric_buf_puts(ric_buf_t *b, const char *s)
 void
 ric_buf_printf(ric_buf_t *b, const char *fmt, ...)
 {
-    char line[2048];
     va_list ap;
     int n;
 
     va_start(ap, fmt);
-    n = vsnprintf(line, sizeof(line), fmt, ap);
+    n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n > 0) {
-        ric_buf_put(b, line, ric_min((size_t) n, sizeof(line) - 1));
+    if (n <= 0) {
+        return;
     }
+    if (b->len + (size_t) n + 1 > b->size) {
+        b->size = ric_max(b->size * 2, b->len + (size_t) n + 256);
+        b->data = ric_xrealloc(b->data, b->size);
+    }
+    va_start(ap, fmt);
+    vsnprintf((char *) b->data + b->len, (size_t) n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t) n;
 }
 
 void

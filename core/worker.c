@@ -8,6 +8,7 @@
 #include "script.h"
 #include "shared_dict.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -76,29 +77,45 @@ on_accept(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* A set has room again, or a descriptor was freed: each listener that
+ * paused takes up again, as far as its own set has room. */
+static void
+resume(ric_worker_t *w)
+{
+    if (!w->shutting_down && w->conns.n < w->conns.max) {
+        accept_enable(w, 1);
+    }
+    if (w->admin_paused && !w->admin_closed && w->admin_conns.n < w->admin_conns.max) {
+        event_add(w->admin_event, NULL);
+        w->admin_paused = 0;
+    }
+}
+
 static void
 accept_room(void *ctx, int room)
 {
     ric_worker_t *w = ctx;
 
-    accept_enable(w, room);
-    if (room && w->admin_paused) {
-        admin_room(w, 1); /* a descriptor was freed: the admin listener may accept again */
+    if (room) {
+        resume(w);
+    } else {
+        accept_enable(w, 0);
     }
 }
 
-/* The admin listener pauses only when its own connections are too many. */
+/* The admin listener pauses when its own connections are too many, or
+ * out of descriptors; a close in either set takes it up again. */
 static void
 admin_room(void *ctx, int room)
 {
     ric_worker_t *w = ctx;
 
     if (room) {
-        event_add(w->admin_event, NULL);
-    } else {
+        resume(w);
+    } else if (!w->admin_paused) {
         event_del(w->admin_event);
+        w->admin_paused = 1;
     }
-    w->admin_paused = !room;
 }
 
 static void
@@ -131,9 +148,16 @@ begin_graceful_shutdown(ric_worker_t *w)
         close(event_get_fd(w->accept_events[i]));
     }
     ric_conn_set_drain(&w->conns, w->conf->worker_shutdown_timeout * 9 / 10);
-    /* the admin listener still answers (/readyz says 503 while the master
-     * stops), one request a connection, until the worker exits */
+    /* when the instance itself stops, the admin listener still answers
+     * (/readyz says 503), one request a connection, until the worker
+     * exits; when a new generation or binary serves, it answers there */
     ric_conn_set_drain(&w->admin_conns, 0);
+    if (w->admin_event != NULL && !ric_metrics_admin_stays()) {
+        event_del(w->admin_event);
+        close(event_get_fd(w->admin_event));
+        w->admin_paused = 0;
+        w->admin_closed = 1;
+    }
     if (w->conns.n == 0) {
         event_base_loopbreak(w->base);
         return;
@@ -269,7 +293,7 @@ ric_worker_run(ric_conf_t *conf)
     w->conns.emptied = all_closed;
     requests_of(w, &w->admin_conns, &w->admin_pipeline, ric_pipeline_admin_phases,
                 ric_pipeline_admin_nphases);
-    w->admin_conns.max = ric_max(conf->worker_connections / 8, 16);
+    w->admin_conns.max = conf->worker_connections; /* a set of its own: the proxy's stay whole */
     w->admin_conns.room = admin_room;
     w->admin_conns.emptied = admin_emptied;
     if (conf->http != NULL) {

@@ -26,6 +26,7 @@ struct ric_worker_s {
     struct event *log_timer;   /* writes buffered access log lines (buffer=, flush=) */
     struct event *admin_event; /* accepting on the admin listener: on until the worker exits */
     int admin_paused;          /* out of descriptors, or of room in its set */
+    int admin_closed;          /* stopping while another generation serves: it answers there */
     ric_conn_set_t admin_conns;
     ric_pipeline_t admin_pipeline;
 };

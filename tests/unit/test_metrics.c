@@ -102,14 +102,14 @@ test_share_and_sum(void)
     UNIT_CASE("two processes count into their own shards; a reader sums them exactly");
     pid = fork();
     if (pid == 0) {
-        ric_metrics_worker_begin(1);
+        ric_metrics_worker_begin(1, 1);
         for (i = 0; i < 1000; i++) {
             ric_metrics_request(root->metrics, 200, 1500);
         }
         ric_metrics_attempt(root->metrics, conf->http->upstreams->metrics, RIC_MC_5XX, 800, -1, 0);
         _exit(0);
     }
-    ric_metrics_worker_begin(0);
+    ric_metrics_worker_begin(0, 1);
     for (i = 0; i < 500; i++) {
         ric_metrics_request(root->metrics, 503, 30000);
     }
@@ -160,7 +160,7 @@ test_status_samples(void)
     int i, j;
 
     ric_metrics_share(conf, zone, err, sizeof(err));
-    ric_metrics_worker_begin(0);
+    ric_metrics_worker_begin(0, 1);
     root = location(conf, "/");
 
     UNIT_CASE("no sample yet: declined");
