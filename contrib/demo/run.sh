@@ -10,4 +10,5 @@ upstream=$!
 trap 'kill $upstream 2>/dev/null || true' EXIT INT TERM
 echo "demo upstream on 127.0.0.1:9000 (every third answer is a 503)"
 echo "gateway on http://127.0.0.1:8080/ — try: curl -i http://127.0.0.1:8080/"
+echo "status page on http://127.0.0.1:9901/status, metrics on http://127.0.0.1:9901/metrics"
 "$BIN" -p "$PWD" -c conf/ricochet.conf
