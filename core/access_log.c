@@ -25,7 +25,7 @@ open_one(ric_access_log_t *a)
     } else if (strcmp(a->path, "stderr") == 0) {
         a->fd = 2;
     } else {
-        a->fd = open(a->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        a->fd = ric_open_append(a->path);
         if (a->fd == -1) {
             return RIC_ERROR;
         }
@@ -63,8 +63,8 @@ ric_access_log_open(ric_conf_t *conf, char *err, size_t errlen)
     ric_pool_cleanup_add(conf->pool, close_all, conf->http->access_logs);
     for (a = conf->http->access_logs; a; a = a->next) {
         if (open_one(a) != RIC_OK) {
-            snprintf(err, errlen, "cannot open the access log \"%s\": %s", a->path,
-                     strerror(errno));
+            snprintf(err, errlen, "cannot open the access log \"%s\": %s%s", a->path,
+                     strerror(errno), errno == ENXIO ? " (a FIFO needs its reader first)" : "");
             return RIC_ERROR;
         }
     }
@@ -85,7 +85,7 @@ ric_access_log_reopen(ric_conf_t *conf)
         if (a->fd <= 2) {
             continue;
         }
-        fd = open(a->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        fd = ric_open_append(a->path);
         if (fd == -1) {
             ric_log_error(RIC_LOG_ALERT, errno, "cannot reopen the access log \"%s\"", a->path);
             continue;

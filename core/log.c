@@ -92,7 +92,7 @@ ric_log_open(ric_log_t *log, const char *path, int level)
         log->level = level;
         return RIC_OK;
     }
-    fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    fd = ric_open_append(path);
     if (fd == -1) {
         return RIC_ERROR;
     }
@@ -124,7 +124,7 @@ ric_log_reopen(void)
     if (ric_log->path == NULL) {
         return RIC_OK;
     }
-    fd = open(ric_log->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    fd = ric_open_append(ric_log->path);
     if (fd == -1) {
         ric_log_error(RIC_LOG_ALERT, errno, "could not reopen \"%s\"", ric_log->path);
         return RIC_ERROR;

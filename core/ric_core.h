@@ -86,6 +86,11 @@ int64_t ric_now_ms(void);
 int64_t ric_now_us(void);
 int64_t ric_wall_ms(void); /* the wall clock, for what is shown to people */
 
+/* Opens a log file for appending (created 0644). A FIFO nobody reads
+ * fails at once (ENXIO) instead of blocking; writes then block as to a
+ * file. -1 with errno. */
+int ric_open_append(const char *path);
+
 /* The wall clock as an HTTP Date value (IMF-fixdate), made once a second. */
 const char *ric_date_now(void);
 

@@ -2,6 +2,7 @@
 #include "ric_core.h"
 
 #include <openssl/rand.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
@@ -20,6 +21,17 @@ int64_t
 ric_now_ms(void)
 {
     return ric_now_us() / 1000;
+}
+
+int
+ric_open_append(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+
+    if (fd != -1) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    }
+    return fd;
 }
 
 int64_t

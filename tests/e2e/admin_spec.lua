@@ -560,6 +560,24 @@ describe("/status.json", function()
         assert.equal(200, r.status)
         assert.equal(200, assert(admin(gw, "/metrics")).status)
     end)
+
+    it("answers 400 to a seq= that is not only digits (empty, letters, trailing junk, after another parameter)", function()
+        gw = H.start_gateway({ conf = SMALL, upstream = up, vars = { ALLOW = "" } })
+        -- once there is a sample, a query that names no seq (or a good one) gets it: 200, not 503
+        local latest = sample(gw)
+        for _, q in ipairs({ "?seq=", "?seq=abc", "?seq=1x", "?x=1&seq=abc", "?seq=-1", "?x=1&seq=" }) do
+            local r = assert(admin(gw, "/status.json" .. q))
+            assert.equal(400, r.status, q .. ": " .. r.body)
+            assert.matches("^application/json", r.headers["content-type"], q)
+            assert.truthy(json.decode(r.body).error, q .. ": " .. r.body)
+        end
+        for _, q in ipairs({ "?x=2", "?seq=" .. latest.seq, "?x=1&seq=" .. latest.seq, "?seq=" .. latest.seq .. "&x=1" }) do
+            local r = assert(admin(gw, "/status.json" .. q))
+            assert.equal(200, r.status, q .. ": " .. r.body)
+            assert.is_number(json.decode(r.body).seq, q)
+        end
+        assert.equal(latest.seq, json.decode(assert(admin(gw, "/status.json?x=1&seq=" .. latest.seq)).body).seq)
+    end)
 end)
 
 ---------------------------------------------------------------------------
@@ -737,5 +755,236 @@ describe("admin_listen and admin_allow in the config", function()
             assert.equal(0, code, table.concat(lines, " ") .. ":\n" .. out)
             assert.matches("test is successful", out)
         end
+    end)
+end)
+
+---------------------------------------------------------------------------
+-- daemon on: the master /healthz reports is the process that forked off, the one in the pid file
+---------------------------------------------------------------------------
+
+local DAEMON = [[
+daemon on;
+worker_processes 1;
+error_log logs/error.log info;
+pid logs/ricochet.pid;
+http {
+    admin_listen 127.0.0.1:{{PORT2}};
+    upstream u { server {{UPSTREAM}}; }
+    server { listen 127.0.0.1:{{PORT}}; location / { proxy_pass http://u; } }
+}
+]]
+
+describe("daemon on", function()
+    it("answers /healthz 200 with the pid file's master_pid (not the process that forked it)", function()
+        local up = H.start_upstream()
+        local gw = H.start_gateway({ conf = DAEMON, upstream = up, wait = false })
+        local pid_path = gw.prefix .. "/logs/ricochet.pid"
+        local daemon_pid
+        local function pid_in_file()
+            return tonumber((H.read_file(pid_path) or ""):match("^%s*(%d+)"))
+        end
+        local ok, err = pcall(function()
+            -- the process we started forks the master off and leaves at once
+            assert.equal(0, gw:wait_exit(5), ctx(gw, "the launching process did not exit 0"))
+            daemon_pid = H.wait_until(function()
+                local p = pid_in_file()
+                return p and H.pid_alive(p) and p or nil
+            end, 5)
+            assert.truthy(daemon_pid, ctx(gw, "no live master in the pid file"))
+            assert.not_equal(gw.pid, daemon_pid)
+            local doc, last
+            H.wait_until(function()
+                local r = admin(gw, "/healthz", { timeout = 1 })
+                last = r
+                if r and r.status == 200 then doc = json.decode(r.body) end
+                return doc and doc.workers == 1
+            end, 5)
+            assert.truthy(doc, ctx(gw, "/healthz never answered 200: " .. tostring(last and last.status) .. " "
+                .. tostring(last and last.body)))
+            assert.equal("ok", doc.status)
+            assert.equal(daemon_pid, doc.master_pid)
+            assert.equal(1, doc.workers)
+            -- and it proxies
+            up:program({ default = { status = 200, body = "daemon ok" } })
+            local r = assert(H.request(gw.port, { path = "/d" }))
+            assert.equal(200, r.status)
+            assert.equal("daemon ok", r.body)
+        end)
+        -- the daemon is no child of ours: stop it through its pid file's pid, bounded, SIGKILL as the last resort
+        daemon_pid = daemon_pid or pid_in_file()
+        if daemon_pid and H.pid_alive(daemon_pid) then
+            local kids = H.descendants(daemon_pid)
+            os.execute("kill -TERM " .. daemon_pid .. " 2>/dev/null")
+            if not H.wait_until(function() return not H.pid_alive(daemon_pid) end, 5) then
+                for _, k in ipairs(H.descendants(daemon_pid)) do kids[#kids + 1] = k end
+                os.execute("kill -KILL " .. daemon_pid .. " 2>/dev/null")
+            end
+            H.wait_until(function()
+                for _, k in ipairs(kids) do if H.pid_alive(k) then return false end end
+                return true
+            end, 2)
+            for _, k in ipairs(kids) do
+                if H.pid_alive(k) then os.execute("kill -KILL " .. k .. " 2>/dev/null") end
+            end
+        end
+        local log = gw:log()
+        gw:stop()
+        up:stop()
+        assert(ok, tostring(err) .. "\n" .. log)
+        assert.is_false(H.pid_alive(daemon_pid), "the daemon outlived SIGTERM")
+    end)
+end)
+
+---------------------------------------------------------------------------
+-- a reload: only the new generation answers on the admin address, while an old worker still drains
+---------------------------------------------------------------------------
+
+local RELOADED = [[
+worker_processes 2;
+worker_shutdown_timeout 10s;
+error_log logs/error.log info;
+pid logs/ricochet.pid;
+http {
+    admin_listen 127.0.0.1:{{PORT2}};
+    upstream u { server {{UPSTREAM}}; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        location / { proxy_pass http://u; proxy_read_timeout 30s; }
+        {{EXTRA}}
+    }
+}
+]]
+
+describe("the admin listener after a reload", function()
+    local up, gw
+
+    before_each(function()
+        up = H.start_upstream()
+        gw = H.start_gateway({ conf = RELOADED, upstream = up, vars = { EXTRA = "" } })
+        assert(H.wait_until(function() return accepts(gw.port2) end, 5), ctx(gw))
+    end)
+
+    after_each(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+    end)
+
+    it("serves the new generation's /metrics and /healthz on every new connection while an old worker drains", function()
+        up:program({ default = { status = 200, body = "ok\n" },
+            routes = { ["/held"] = { default = { status = 200, body = "slow answer", delay_ms = 3000 } } } })
+        assert.truthy(H.wait_until(function() return #gw:workers() == 2 end, 5), ctx(gw))
+        local old = gw:workers()
+        local new_label = 'route="127.0.0.1:' .. gw.port .. ' /newroute"'
+        assert.is_nil(assert(admin(gw, "/metrics")).body:find(new_label, 1, true))
+        -- proxied requests the slow upstream holds, each on a fresh connection (so likely on both old workers)
+        local before = up:stats().hits
+        local conns = {}
+        for i = 1, 6 do
+            conns[i] = assert(H.connect(gw.port))
+            assert(conns[i]:send(H.build_request(gw.port, { path = "/held" })))
+        end
+        assert.truthy(H.wait_until(function() return up:stats().hits >= before + #conns end, 5),
+            ctx(gw, "the held requests did not all reach the upstream"))
+
+        local code, out = gw:reload(RELOADED, { EXTRA = "location /newroute { proxy_pass http://u; }" })
+        assert.equal(0, code, ctx(gw, out))
+        local function old_alive()
+            local n = 0
+            for _, p in ipairs(old) do if H.pid_alive(p) then n = n + 1 end end
+            return n
+        end
+        assert.truthy(old_alive() >= 1, ctx(gw, "no old worker left to drain the held request"))
+        for i = 1, 10 do
+            local m = assert(H.request(gw.port2, { path = "/metrics", headers = { { "Connection", "close" } } }))
+            assert.equal(200, m.status)
+            assert.truthy(m.body:find(new_label, 1, true),
+                ("scrape %d of 10 after the reload has no %s series (an old worker answered)"):format(i, new_label))
+            local _, doc = admin_json(gw, "/healthz")
+            assert.truthy(doc, "scrape " .. i .. ": /healthz is no JSON")
+            assert.equal(2, doc.generation, "scrape " .. i .. ": /healthz from generation " .. tostring(doc.generation))
+        end
+        -- all of that while the old worker still held the request: the check was not vacuous
+        assert.truthy(old_alive() >= 1, "the old workers were gone before the scrapes ended")
+        for i, conn in ipairs(conns) do
+            local resp, err = conn:read_response({ timeout = 10 })
+            assert.truthy(resp, ctx(gw, "held request " .. i .. ": " .. tostring(err)))
+            assert.equal(200, resp.status)
+            assert.equal("slow answer", resp.body)
+            conn:close()
+        end
+    end)
+end)
+
+---------------------------------------------------------------------------
+-- out of descriptors: the admin listener must not leave the proxy's accepting paused
+---------------------------------------------------------------------------
+
+local FEWFDS = [[
+worker_processes 1;
+error_log logs/error.log info;
+http {
+    admin_listen 127.0.0.1:{{PORT2}};
+    upstream u { server {{UPSTREAM}} max_fails=0; }
+    server { listen 127.0.0.1:{{PORT}}; location / { proxy_pass http://u; } }
+}
+]]
+
+describe("the admin listener out of descriptors", function()
+    local up, gw, dir
+    local held = {}
+
+    before_each(function()
+        up = H.start_upstream()
+        up:program({ default = { status = 200, body = "ok\n" } })
+        dir = H.mkdtemp("fewfds")
+        -- the gateway under `ulimit -n 48`: a wrapper that lowers the limit and execs the binary (same pid)
+        local wrap = dir .. "/ricochet-48fds"
+        H.write_file(wrap, "#!/bin/sh\nulimit -n 48 || exit 99\nexec " .. H.shell_quote(H.bin()) .. ' "$@"\n')
+        assert.equal(0, (H.run({ "chmod", "755", wrap })))
+        gw = H.start_gateway({ conf = FEWFDS, upstream = up, bin = wrap })
+        assert(H.wait_until(function() return accepts(gw.port2) end, 5), ctx(gw))
+    end)
+
+    after_each(function()
+        for _, c in ipairs(held) do c:close() end
+        held = {}
+        if gw then gw:stop() end
+        if up then up:stop() end
+        H.rm_rf(dir)
+    end)
+
+    it("takes proxy connections again once the admin connections that used every descriptor close", function()
+        local w = gw:workers()[1]
+        assert.truthy(w, ctx(gw))
+        assert.matches("Max open files%s+48%s", H.read_file("/proc/" .. w .. "/limits") or "")
+        assert.equal(200, assert(H.request(gw.port, { path = "/before" })).status)
+        -- half-sent admin requests (no blank line yet), more than the worker has descriptors for
+        for _ = 1, 80 do
+            local c = H.connect(gw.port2, { timeout = 1 })
+            if not c then break end
+            c:send("GET /healthz HTTP/1.1\r\nHost: a\r\n")
+            held[#held + 1] = c
+        end
+        assert.truthy(H.wait_until(function()
+            return gw:log():find("accept4() failed on 127.0.0.1:" .. gw.port2 .. " (", 1, true)
+        end, 5), ctx(gw, "the admin listener never ran out of descriptors (" .. #held .. " connections held)"))
+        -- a proxy request now: its accept fails too (it may never be answered)
+        local during = assert(H.connect(gw.port))
+        assert(during:send(H.build_request(gw.port, { path = "/during" })))
+        held[#held + 1] = during
+        assert.truthy(H.wait_until(function()
+            return gw:log():find("accept4() failed on 127.0.0.1:" .. gw.port .. " (", 1, true)
+        end, 5), ctx(gw, "the proxy listener never met the descriptor limit"))
+        for _, c in ipairs(held) do c:close() end
+        held = {}
+        local last
+        local ok = H.wait_until(function()
+            local r, err = H.request(gw.port, { path = "/after", timeout = 1 })
+            last = r and r.status or err
+            return r and r.status == 200
+        end, 5)
+        assert.truthy(ok, ctx(gw, "the proxy never took a request again after the admin connections closed: "
+            .. tostring(last)))
+        assert.is_true(gw:alive())
     end)
 end)

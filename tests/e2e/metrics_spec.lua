@@ -713,4 +713,221 @@ describe("access_log buffer= flush=", function()
         refused("access_log off buffer=4k;", 'bad%.conf:4: "access_log off" takes no buffer=')
         H.rm_rf(dir)
     end)
+
+    it("refuses to start on a FIFO nobody reads, instead of hanging in its open", function()
+        local dir = H.mkdtemp("alog")
+        assert.equal(0, (H.run({ "mkfifo", dir .. "/a.fifo" })))
+        H.write_file(dir .. "/r.conf", "error_log stderr;\nhttp {\n    access_log " .. dir .. "/a.fifo;\n"
+            .. "    server { listen 127.0.0.1:" .. H.free_port() .. "; }\n}\n")
+        local code, out = H.run({ H.bin(), "-p", dir, "-c", dir .. "/r.conf" }, { timeout = 10 })
+        assert.equal(1, code, out)
+        assert.truthy(out:find("a FIFO needs its reader first", 1, true), out)
+        H.rm_rf(dir)
+    end)
+end)
+
+---------------------------------------------------------------------------
+-- access_log on a pipe (a FIFO a log shipper reads): whole lines only, from both workers
+---------------------------------------------------------------------------
+
+local PIPED = [[
+worker_processes 2;
+error_log logs/error.log info;
+http {
+    access_log {{FIFO}} buffer=64k flush=10s;
+    upstream up { server {{UPSTREAM}} max_fails=0; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        location / { proxy_pass http://up; }
+    }
+}
+]]
+
+-- The reader: opens the FIFO at once (without waiting for a writer, then says so in READY: the gateway refuses a
+-- FIFO nobody reads), shrinks the pipe to one page and reads a page a millisecond, as a busy log shipper might
+-- (so the workers' writes wait on it, and a write longer than a page goes in many pieces), copying everything to
+-- OUT until the last writer closes.
+local FIFO_READER = [[
+import errno, os, sys, fcntl, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
+try:
+    fcntl.fcntl(fd, 1031, 4096)  # F_SETPIPE_SZ
+except OSError as e:
+    sys.stderr.write("F_SETPIPE_SZ: %s\n" % e)
+open(sys.argv[3], "w").close()
+seen = False
+deadline = time.time() + 60
+with open(sys.argv[2], "wb") as out:
+    while time.time() < deadline:
+        try:
+            b = os.read(fd, 4096)
+        except OSError as e:
+            if e.errno != errno.EAGAIN:
+                raise
+            time.sleep(0.001)
+            continue
+        if not b:
+            if seen:
+                break  # the last writer closed
+            time.sleep(0.01)  # no writer yet
+            continue
+        seen = True
+        out.write(b)
+        time.sleep(0.001)
+]]
+
+describe("access_log buffer= on a FIFO", function()
+    local up, gw, reader, dir
+
+    after_each(function()
+        if gw then gw:stop() end
+        if reader then reader:stop() end
+        if up then up:stop() end
+        H.rm_rf(dir)
+        gw, reader, up, dir = nil, nil, nil, nil
+    end)
+
+    it("writes only whole JSON lines, one per request, from two workers under load and at SIGQUIT", function()
+        up = H.start_upstream()
+        up:program({ default = { status = 200, body = "ok\n" } })
+        dir = H.mkdtemp("fifo")
+        local fifo, out = dir .. "/access.fifo", dir .. "/out.txt"
+        assert.equal(0, (H.run({ "mkfifo", fifo })))
+        H.write_file(dir .. "/reader.py", FIFO_READER)
+        -- the reader first: the gateway refuses to start on a FIFO nobody reads
+        reader = H.start_process({ "/usr/bin/python3", dir .. "/reader.py", fifo, out, dir .. "/ready" },
+            dir .. "/reader.err")
+        assert.truthy(H.wait_until(function() return H.read_file(dir .. "/ready") ~= nil end, 10),
+            "the FIFO's reader did not start")
+        gw = H.start_gateway({ conf = PIPED, upstream = up, vars = { FIFO = fifo } })
+        local pad = ("/" .. ("p"):rep(99)):rep(15) -- 1500 bytes of path
+        local N, width, ok_n = 2000, 8, 0
+        local want = {}
+        for start = 1, N, width do
+            local reqs = {}
+            for i = start, math.min(start + width - 1, N) do
+                local path = "/fifo/" .. i .. pad
+                reqs[#reqs + 1] = { path = path }
+                want[path] = true
+            end
+            local resps, err = fire(gw.port, reqs, width)
+            for i = 1, #reqs do
+                assert.equal(200, resps[i] and resps[i].status, ctx(gw, err))
+                ok_n = ok_n + 1
+            end
+        end
+        assert.equal(N, ok_n)
+        assert.is_true(gw:signal("QUIT"))
+        assert.truthy(gw:wait_exit(10), ctx(gw, "the gateway did not stop on SIGQUIT"))
+        assert.truthy(reader:wait_exit(5), "the reader saw no end of the FIFO after the gateway left")
+        assert.equal("", H.read_file(dir .. "/reader.err") or "")
+        local n, seen = 0, {}
+        local lineno = 0
+        for line in (H.read_file(out) or ""):gmatch("([^\n]*)\n") do
+            lineno = lineno + 1
+            local ok, e = pcall(json.decode, line)
+            assert.truthy(ok and type(e) == "table",
+                ("line %d of the FIFO's output is not JSON: %s"):format(lineno, line:sub(1, 200) .. "..." .. line:sub(-200)))
+            assert.truthy(want[e.path], "a line for a request never sent: " .. tostring(e.path):sub(1, 80))
+            assert.is_nil(seen[e.path], "a request logged twice: " .. e.path:sub(1, 80))
+            seen[e.path] = true
+            n = n + 1
+        end
+        assert.equal(N, n, "lines in the FIFO's output")
+        assert.equal("\n", (H.read_file(out) or ""):sub(-1), "the output does not end with a whole line")
+    end)
+end)
+
+---------------------------------------------------------------------------
+-- labels of any length, and names that are UTF-8
+---------------------------------------------------------------------------
+
+local LABELS = [[
+worker_processes 2;
+error_log logs/error.log info;
+http {
+    admin_listen 127.0.0.1:{{PORT2}};
+    upstream u { server {{UPSTREAM}} max_fails=0; }
+    server {
+        listen 127.0.0.1:{{PORT}};
+        server_name {{NAME}};
+        location {{LONG}} { proxy_pass http://u; }
+        location {{SHARED}}/a { proxy_pass http://u; }
+        location {{SHARED}}/b { proxy_pass http://u; }
+    }
+    server {
+        listen 127.0.0.1:{{PORT3}};
+        location /café { proxy_pass http://u; }
+    }
+}
+]]
+
+describe("/metrics labels", function()
+    local up, gw, dir
+    local NAME = ("long-name-"):rep(20)                           -- 200 bytes, no quote
+    local LONG = ("/" .. ("abcdefghi"):rep(11)):rep(30)           -- 3000 bytes
+    local SHARED = ("/" .. ("s"):rep(99)):rep(15)                 -- 1500 bytes both share
+
+    setup(function()
+        dir = H.mkdtemp("labels")
+        up = H.start_upstream()
+        up:program({ default = { status = 200, body = "ok\n" } })
+        gw = H.start_gateway({ conf = LABELS, upstream = up,
+            vars = { NAME = NAME, LONG = LONG, SHARED = SHARED, PORT3 = H.free_port() } })
+    end)
+
+    teardown(function()
+        if gw then gw:stop() end
+        if up then up:stop() end
+        H.rm_rf(dir)
+    end)
+
+    it("prints a 3000-byte route and a 200-byte server name whole, in text promtool accepts, one series per route", function()
+        assert.equal(3000, #LONG)
+        assert.equal(200, #NAME)
+        local before = scrape(gw)
+        local sent = { { LONG .. "/x", 1 }, { SHARED .. "/a/x", 1 }, { SHARED .. "/b/x", 2 } }
+        local W = expectations()
+        for _, s in ipairs(sent) do
+            local route = NAME .. " " .. s[1]:gsub("/x$", "")
+            for _ = 1, s[2] do
+                local r, err = H.request(gw.port, { path = s[1], headers = { { "Host", NAME } } })
+                assert.truthy(r, ctx(gw, err))
+                assert.equal(200, r.status, ctx(gw, s[1]:sub(1, 40)))
+                W.request(route, 200)
+                W.attempt(route, "u", "ok")
+            end
+        end
+        local after, diff, text = settle(gw, before, W.want)
+        assert.same({}, diff)
+        -- the full labels, each its own series
+        local function count(route) return after[key("ricochet_requests_total", { route = route, code = "200" })] end
+        assert.equal(1, count(NAME .. " " .. LONG))
+        assert.equal(1, count(NAME .. " " .. SHARED .. "/a"))
+        assert.equal(2, count(NAME .. " " .. SHARED .. "/b"))
+        assert.truthy(after[key("ricochet_request_duration_seconds_count", { route = NAME .. " (no location)" })],
+            "no series for the server's own route, labelled with its 200-byte name")
+        check_with_promtool(text, dir)
+        check_with_python(text, dir)
+    end)
+
+    it("shows a UTF-8 location (/café) as UTF-8 in /status.json, the same text as its Prometheus label", function()
+        local port3 = tonumber(gw.vars.PORT3)
+        local route = "127.0.0.1:" .. port3 .. " /caf\195\169"
+        local doc = H.wait_until(function()
+            local r = H.request(gw.port2, { path = "/status.json" })
+            return r and r.status == 200 and r
+        end, 5)
+        assert.truthy(doc, ctx(gw, "/status.json never answered 200"))
+        assert.truthy(doc.body:find('"route":"' .. route .. '"', 1, true),
+            "the route is not UTF-8 as written in /status.json: " .. (doc.body:match('"route":"127%.0%.0%.1:' .. port3 .. '[^"]*"') or "none"))
+        local found
+        for _, r in ipairs(json.decode(doc.body).routes) do
+            if r.route == route then found = r end
+        end
+        assert.truthy(found, doc.body)
+        local _, text = scrape(gw)
+        assert.truthy(text:find('ricochet_request_duration_seconds_count{route="' .. found.route .. '"} ', 1, true),
+            "no Prometheus series with the same route label as /status.json: " .. found.route)
+    end)
 end)
