@@ -224,8 +224,13 @@ ric_access_log_write(ric_access_log_t *log, const ric_access_entry_t *e)
         } else {
             put_lit(&o, ",\"status\":null");
         }
-        putf(&o, ",\"duration\":%.6f,\"wait\":%.6f}", (double) a->duration_us / 1e6,
+        putf(&o, ",\"duration\":%.6f,\"wait\":%.6f", (double) a->duration_us / 1e6,
              (double) a->wait_us / 1e6);
+        if (a->regime != NULL) {
+            put_lit(&o, ",\"regime\":");
+            put_json_cstr(&o, a->regime);
+        }
+        put_lit(&o, "}");
     }
     put_lit(&o, "]");
     if (e->attempts_total > e->nattempts) {

@@ -12,6 +12,7 @@ typedef struct {
     int status;         /* the upstream's status, 0 when none arrived */
     int64_t duration_us;
     int64_t wait_us;    /* backoff before this attempt */
+    const char *regime; /* what chose the wait (a retry's): backoff, fast, scaled, retry_after, script */
 } ric_attempt_record_t;
 
 #define RIC_MAX_ATTEMPTS 32 /* logged in full; longer schedules keep the first and the last */

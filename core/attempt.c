@@ -128,6 +128,7 @@ setup(ric_request_t *r)
     r->policy.backoff.max_ms = s->retry_backoff_max;
     r->policy.backoff.factor = (double) s->retry_backoff_factor_milli / 1000.0;
     r->policy.backoff.jitter = (ric_jitter_t) s->retry_backoff_jitter;
+    r->policy.adaptive = s->retry_backoff_adaptive == 1;
     r->policy.retry_after_max_ms = s->retry_after_max;
     r->policy.retry_on = refs->retry_on;
 
@@ -271,6 +272,7 @@ attempt_start(ric_request_t *r)
     u->r = r;
     u->number = ++a->count;
     u->wait_us = a->wait_us;
+    u->regime = a->regime;
     u->paid = a->paid;
     a->paid = 0;
     a->paid_for = 0;
@@ -332,6 +334,7 @@ budget_gate(ric_request_t *r, int64_t now)
         ms = poll / 2 + (int64_t) (ric_backoff_rand(NULL) % (uint64_t) poll);
         if (now + ms < r->deadline_ms) {
             a->wait_us += ms * 1000;
+            a->regime = RIC_WAIT_BUDGET;
             a->wait_until_ms = now + ms;
             wait_start(r, ms);
             return RIC_AGAIN;
@@ -437,6 +440,7 @@ record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass
     rec->status = status;
     rec->duration_us = took;
     rec->wait_us = u->wait_us;
+    rec->regime = u->number > 1 ? ric_retry_regime_name(u->regime) : NULL;
     ric_metrics_attempt(r->location->metrics, r->up->conf->metrics, mc,
                         status != 0 ? took : -1, u->number > 1 ? (int) a->last_mc : -1,
                         u->wait_us);
@@ -669,6 +673,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
             in.has_retry_after = 1;
         }
     }
+    in.backoff_share = r->policy.adaptive ? ric_budget_backoff_share(&r->up->budget) : 1000;
     d = ric_retry_decide(&r->policy, &in, &r->up->budget, ric_backoff_rand, NULL);
 
     if (!d.retry && class == RIC_CLASS_STATUS
@@ -679,6 +684,9 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         return;
     }
     ric_budget_outcome(&r->up->budget, failed, u->paid, now);
+    if (u->number > 1) {
+        ric_budget_retried(&r->up->budget, failed); /* adaptive backoff's regime */
+    }
     u->paid = 0;
     a->last_transient = ric_retry_on_match(r->policy.retry_on, class, status);
     record_attempt(r, u, ric_retry_class_name(class), ric_metrics_class(class, status, tls_failed),
@@ -722,6 +730,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         a->stop = RIC_RETRY_YES;
         a->fail_status = failure_status(class, err, tls_failed);
         a->wait_us = d.wait_ms * 1000;
+        a->regime = d.regime;
         a->wait_until_ms = now + d.wait_ms;
         wait_start(r, d.wait_ms);
         return;

@@ -18,6 +18,7 @@ struct ric_attempt_s {
     struct event try_timer; /* per_try_timeout, bounded by the deadline */
     int64_t start_us;
     int64_t wait_us;     /* the wait before it */
+    ric_wait_regime_t regime; /* ...and what chose it */
     int64_t paid;        /* what it cost the budget (a retry), thousandths of a token */
     int peeked;          /* classify_body_max: 1 the body is in client.buf, -1 too large, 0 not read */
     int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
@@ -38,6 +39,7 @@ typedef struct ric_attempts_s {
     int drain_extended;       /* the wait ended; the drain got a grace period */
     int64_t wait_until_ms;
     int64_t wait_us;
+    ric_wait_regime_t regime; /* what chose the wait */
     int64_t retry_cost;       /* what the retry being waited for costs the budget */
     int64_t paid;             /* what it paid (0: nothing, or a probe) */
     int paid_for;             /* the budget let it go */

@@ -86,6 +86,7 @@ ric_budget_reset(ric_budget_state_t *st, const ric_budget_conf_t *c)
     STORE(&st->granted, 0);
     STORE(&st->refused, 0);
     STORE(&st->waits, 0);
+    STORE(&st->retry_score, RIC_BACKOFF_SCORE_START);
 }
 
 /* --- adaptive ---------------------------------------------------------------- */
@@ -296,6 +297,35 @@ ric_budget_refund(ric_budget_t *b, int64_t paid)
     if (b->conf->kind == RIC_BUDGET_ADAPTIVE && paid > 0) {
         adaptive_add(b, paid, NEVER);
     }
+}
+
+void
+ric_budget_retried(ric_budget_t *b, int failed)
+{
+    int64_t old = LOAD(&b->st->retry_score), next;
+
+    do {
+        next = failed ? old - old / RIC_BACKOFF_SCORE_STEP
+                      : old + (1000 - old + RIC_BACKOFF_SCORE_STEP - 1) / RIC_BACKOFF_SCORE_STEP;
+    } while (!atomic_compare_exchange_weak(&b->st->retry_score, &old, ric_min(next, (int64_t) 1000)));
+}
+
+int64_t
+ric_budget_backoff_share(const ric_budget_t *b)
+{
+    int64_t score = LOAD(&b->st->retry_score);
+    int64_t first = ric_min((int64_t) RIC_BUDGET_START, b->conf->max_tokens * RIC_BUDGET_MILLI);
+
+    if (b->conf->kind == RIC_BUDGET_ADAPTIVE && LOAD(&b->st->tokens) < first / 2) {
+        return 1000; /* the bucket is draining: the whole schedule */
+    }
+    if (score >= RIC_BACKOFF_SCORE_FAST) {
+        return 0;
+    }
+    if (score <= RIC_BACKOFF_SCORE_SLOW) {
+        return 1000;
+    }
+    return (RIC_BACKOFF_SCORE_FAST - score) * 1000 / (RIC_BACKOFF_SCORE_FAST - RIC_BACKOFF_SCORE_SLOW);
 }
 
 int64_t

@@ -65,6 +65,8 @@ typedef struct {
     _Atomic int64_t granted; /* retries paid for, ever (for metrics) */
     _Atomic int64_t refused; /* retries refused, ever */
     _Atomic int64_t waits;   /* times a retry waited for the budget, ever */
+    _Atomic int64_t retry_score; /* adaptive backoff: how well recent retries did, in
+                                  * thousandths (a moving average, RIC_BACKOFF_SCORE_*) */
 } ric_budget_state_t;
 
 /* A budget: its rule and its (shared) state. */
@@ -113,6 +115,32 @@ void ric_budget_outcome(ric_budget_t *b, int failed, int64_t paid, int64_t now_m
 /* Gives back what a retry paid when its outcome will never be known (its
  * request ended first). */
 void ric_budget_refund(ric_budget_t *b, int64_t paid);
+
+/*
+ * Adaptive backoff: the budget also keeps how well the upstream's recent
+ * retries did, a moving average of their outcomes (each retry moves it a
+ * sixteenth of the way to 1000 when it was answered well, to 0 when it
+ * failed), starting at RIC_BACKOFF_SCORE_START. While it is at least
+ * RIC_BACKOFF_SCORE_FAST (failures look independent: retries mostly work,
+ * as with random drops or one bad server), a retry goes at once; at
+ * RIC_BACKOFF_SCORE_SLOW or below (they look correlated: retries fail too,
+ * as in an overload or a brownout), and whenever the adaptive bucket has
+ * spent half of its first tokens, it waits the whole configured schedule;
+ * in between, in proportion. With 30% independent failures the average
+ * sits near 700, five standard deviations above the fast bound; from there
+ * 14 failed retries in a row leave the fast regime and 31 reach the slow.
+ */
+#define RIC_BACKOFF_SCORE_START 750
+#define RIC_BACKOFF_SCORE_FAST 300
+#define RIC_BACKOFF_SCORE_SLOW 100
+#define RIC_BACKOFF_SCORE_STEP 16 /* a retry moves the average 1/16 of the way */
+
+/* A retry's outcome, for adaptive backoff. */
+void ric_budget_retried(ric_budget_t *b, int failed);
+
+/* The share of the configured backoff a retry waits now, in thousandths:
+ * 0 (retries work: go at once) to 1000 (the whole schedule). */
+int64_t ric_budget_backoff_share(const ric_budget_t *b);
 
 /* Tokens in the bucket now, in thousandths (adaptive; for plan and tests). */
 int64_t ric_budget_tokens(const ric_budget_t *b);

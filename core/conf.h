@@ -51,6 +51,7 @@ typedef struct {
     int64_t retry_backoff_max;
     int64_t retry_backoff_factor_milli; /* FACTOR * 1000 */
     int64_t retry_backoff_jitter;       /* ric_jitter_t */
+    int64_t retry_backoff_adaptive;     /* 1: the wait follows the upstream's regime (adaptive=on) */
     int64_t retry_timeout;
     int64_t per_try_timeout;
     int64_t per_try_timeout_set;        /* 1: given in the config, not the default */

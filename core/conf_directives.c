@@ -1151,10 +1151,13 @@ set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     ric_jitter_t jitter = RIC_JITTER_FULL;
     char *end;
     double factor;
-    int i;
+    int i, adaptive = 1;
 
     if (s->retry_backoff_initial != RIC_CONF_UNSET) {
         return ric_conf_reason(cf, "\"%s\" directive is duplicate", cmd->name);
+    }
+    if (cf->nargs < 3 || cf->nargs > 6) {
+        return ric_conf_reason(cf, "invalid number of arguments in \"%s\" directive", cmd->name);
     }
     if (ric_conf_parse_time(cf->args[1], &initial) != RIC_OK || initial == 0) {
         return ric_conf_reason(cf, "invalid INITIAL \"%s\" in \"%s\": expected a time above 0",
@@ -1176,6 +1179,14 @@ set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
             }
             continue;
         }
+        if (strncmp(cf->args[i], "adaptive=", 9) == 0) {
+            if (strcmp(cf->args[i] + 9, "on") != 0 && strcmp(cf->args[i] + 9, "off") != 0) {
+                return ric_conf_reason(cf, "invalid \"%s\" in \"%s\": expected adaptive=on or "
+                                       "adaptive=off", cf->args[i], cmd->name);
+            }
+            adaptive = strcmp(cf->args[i] + 9, "on") == 0;
+            continue;
+        }
         if (i != 3) {
             return ric_conf_reason(cf, "invalid parameter \"%s\" in \"%s\"", cf->args[i],
                                    cmd->name);
@@ -1191,6 +1202,7 @@ set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     s->retry_backoff_max = max;
     s->retry_backoff_factor_milli = factor_milli;
     s->retry_backoff_jitter = jitter;
+    s->retry_backoff_adaptive = adaptive;
     return NULL;
 }
 
@@ -1863,9 +1875,9 @@ const ric_conf_cmd_t ric_conf_commands[] = {
       "the kill switch: off makes every request a single attempt" },
     { "retry_attempts", SETTINGS_CTX, RIC_CONF_TAKE1, set_retry_attempts, SETTINGS(retry_attempts), "5",
       "attempts in total, the first included; 0: bounded by retry_timeout only" },
-    { "retry_backoff", SETTINGS_CTX, RIC_CONF_TAKE2 | RIC_CONF_TAKE3 | RIC_CONF_TAKE4,
+    { "retry_backoff", SETTINGS_CTX, RIC_CONF_1MORE,
       set_retry_backoff, SETTINGS(retry_backoff_initial), "250ms 5s 2 jitter=full",
-      "INITIAL MAX [FACTOR] [jitter=full|equal|none]: the wait before each retry" },
+      "INITIAL MAX [FACTOR] [jitter=full|equal|none] [adaptive=on|off]: the wait before each retry" },
     { "retry_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive, SETTINGS(retry_timeout), "30s",
       "the whole request's deadline: every attempt and every wait" },
     { "per_try_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_per_try_timeout,

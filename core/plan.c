@@ -3,6 +3,7 @@
 #include "idem.h"
 #include "idem_store.h"
 #include "backoff.h"
+#include "budget.h"
 #include "retry.h"
 
 #define PLAN_UNBOUNDED_SHOWN 10 /* retries listed when retry_attempts is 0 */
@@ -93,10 +94,24 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
                 fmt_ms(per_try, a, sizeof(a)));
         return;
     }
-    fprintf(out, "  retry_attempts %d, retry_backoff %s %s %g jitter=%s, per_try_timeout %s, "
-            "retry_timeout %s\n", attempts, fmt_ms(b.initial_ms, a, sizeof(a)),
+    fprintf(out, "  retry_attempts %d, retry_backoff %s %s %g jitter=%s adaptive=%s, per_try_timeout "
+            "%s, retry_timeout %s\n", attempts, fmt_ms(b.initial_ms, a, sizeof(a)),
             fmt_ms(b.max_ms, c, sizeof(c)), b.factor, ric_backoff_jitter_name(b.jitter),
+            st->retry_backoff_adaptive == 1 ? "on" : "off",
             fmt_ms(st->per_try_timeout, d, sizeof(d)), fmt_ms(timeout, e, sizeof(e)));
+    if (st->retry_backoff_adaptive == 1) {
+        fprintf(out, "  adaptive backoff (two regimes, chosen by upstream %s's retries, shared by every "
+                "worker): while its recent retries succeed (failures look independent), a retry goes "
+                "at once (\"fast\"); while they fail (a moving average of their outcomes at or below "
+                "%d%%: 31 failed retries in a row from a steady 30%% failure rate), or its retry "
+                "budget has spent half of its first tokens, a retry waits as listed below "
+                "(\"backoff\"); between %d%% and %d%%, that share of it (\"scaled\"). A "
+                "Retry-After or a script's delay is always waited as given\n",
+                l->upstream->name, RIC_BACKOFF_SCORE_SLOW / 10, RIC_BACKOFF_SCORE_SLOW / 10,
+                RIC_BACKOFF_SCORE_FAST / 10);
+    } else {
+        fprintf(out, "  adaptive=off: every retry waits as listed below\n");
+    }
     fprintf(out, "  attempt 1: starts at once, lasts up to %s\n", fmt_ms(per_try, a, sizeof(a)));
     latest = per_try;
 

@@ -189,7 +189,7 @@ ric_retry_reason_name(ric_retry_reason_t reason)
 static ric_retry_decision_t
 no(ric_retry_reason_t reason)
 {
-    ric_retry_decision_t d = { 0, 0, reason };
+    ric_retry_decision_t d = { 0, 0, reason, RIC_WAIT_SCHEDULE };
     return d;
 }
 
@@ -197,7 +197,7 @@ ric_retry_decision_t
 ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
                  ric_budget_t *budget, ric_rand_pt rnd, void *ctx)
 {
-    ric_retry_decision_t d = { 1, 0, RIC_RETRY_YES };
+    ric_retry_decision_t d = { 1, 0, RIC_RETRY_YES, RIC_WAIT_SCHEDULE };
 
     /* what the outcome is comes first: a final answer is final whatever
      * the policy (the idempotency store keeps it, retries on or off) */
@@ -224,11 +224,17 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
     }
     if (in->classified == RIC_CLASSIFY_RETRY && in->has_script_delay) {
         d.wait_ms = ric_max(in->script_delay_ms, (int64_t) 0);
+        d.regime = RIC_WAIT_SCRIPT;
     } else if (in->class == RIC_CLASS_STATUS && in->has_retry_after && in->retry_after_ms >= 0
         && in->retry_after_ms <= policy->retry_after_max_ms) {
         d.wait_ms = in->retry_after_ms;
+        d.regime = RIC_WAIT_RETRY_AFTER;
     } else {
         d.wait_ms = ric_backoff_wait(&policy->backoff, in->attempt, rnd, ctx);
+        if (policy->adaptive && in->backoff_share < 1000) {
+            d.wait_ms = ric_retry_adaptive_wait(d.wait_ms, in->backoff_share);
+            d.regime = in->backoff_share <= 0 ? RIC_WAIT_FAST : RIC_WAIT_SCALED;
+        }
     }
     /* a wait that would end at or past the deadline is not
      * taken; the client gets this answer now */
@@ -242,6 +248,24 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
         return no(RIC_RETRY_BUDGET);
     }
     return d;
+}
+
+int64_t
+ric_retry_adaptive_wait(int64_t w, int64_t share)
+{
+    int64_t fast = w % (RIC_BACKOFF_FAST_MS + 1); /* the draw's own jitter, a few ms wide */
+
+    share = ric_max(ric_min(share, (int64_t) 1000), (int64_t) 0);
+    return (w * share + ric_min(fast, w) * (1000 - share)) / 1000;
+}
+
+const char *
+ric_retry_regime_name(ric_wait_regime_t regime)
+{
+    static const char *const names[] = { "backoff", "fast", "scaled", "retry_after", "script",
+                                         "budget" };
+
+    return (size_t) regime < ric_nelems(names) ? names[regime] : "unknown";
 }
 
 int64_t

@@ -24,6 +24,7 @@ typedef struct {
     int enabled;               /* retries on, and no RICOCHET_NO_RETRY=1 */
     int64_t attempts;          /* in total; 0: bounded only by the deadline */
     ric_backoff_t backoff;
+    int adaptive;              /* retry_backoff ... adaptive=on: the wait follows the upstream's regime */
     int64_t retry_after_max_ms;
     const ric_retry_on_t *retry_on;
 } ric_retry_policy_t;
@@ -52,6 +53,8 @@ typedef struct {
     int64_t script_delay_ms;
     int64_t now_ms;
     int64_t deadline_ms;   /* the request's deadline on the same clock */
+    int64_t backoff_share; /* adaptive: the share of the schedule's wait to take, in thousandths
+                            * (ric_budget_backoff_share); 1000 without adaptive */
 } ric_retry_input_t;
 
 /* Why an attempt is, or is not, followed by another: the verdict's reason,
@@ -72,11 +75,34 @@ typedef enum {
                                  * route has no idempotency_key on|auto */
 } ric_retry_reason_t;
 
+/* What chose a retry's wait (the access log's "regime"). */
+typedef enum {
+    RIC_WAIT_SCHEDULE = 0, /* "backoff": the configured schedule, whole */
+    RIC_WAIT_FAST,         /* "fast": adaptive, retries work: a few ms at most */
+    RIC_WAIT_SCALED,       /* "scaled": adaptive, between the two */
+    RIC_WAIT_RETRY_AFTER,  /* "retry_after": the upstream's Retry-After */
+    RIC_WAIT_SCRIPT,       /* "script": the route script's classify */
+    RIC_WAIT_BUDGET        /* "budget": then the retry budget held it (attempt.c) */
+} ric_wait_regime_t;
+
+/* A retry in the fast regime waits a jittered [0, RIC_BACKOFF_FAST_MS]:
+ * at once (as a proxy without backoff retries; failures that look
+ * independent gain nothing from waiting). */
+#define RIC_BACKOFF_FAST_MS 0
+
 typedef struct {
     int retry;                 /* 1: make another attempt after wait_ms */
     int64_t wait_ms;
     ric_retry_reason_t reason; /* RIC_RETRY_YES, or why not */
+    ric_wait_regime_t regime;  /* what chose wait_ms */
 } ric_retry_decision_t;
+
+/* The regime's name for logs: "backoff", "fast", ... */
+const char *ric_retry_regime_name(ric_wait_regime_t regime);
+
+/* Adaptive backoff: the wait for a drawn schedule wait w, taking share
+ * thousandths of it (1000: w; 0: the fast regime's, from the same draw). */
+int64_t ric_retry_adaptive_wait(int64_t w, int64_t share);
 
 /* The reason's name for logs: "unsafe_method", ... */
 const char *ric_retry_reason_name(ric_retry_reason_t reason);

@@ -46,7 +46,7 @@ http {
         }
         location /wait/ {
             proxy_pass http://backend;
-            retry_backoff 3s 3s 1 jitter=none;
+            retry_backoff 3s 3s 1 jitter=none adaptive=off;
         }
         location /two/ {
             proxy_pass http://backend;

@@ -111,17 +111,17 @@ http {
         }
         location /ra/ {
             retry_after_max 30s;
-            retry_backoff 10ms 20ms jitter=none;
+            retry_backoff 10ms 20ms jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /slow/ {
-            retry_backoff 2s 2s jitter=none;
+            retry_backoff 2s 2s jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /deadline/ {
             retry_timeout 5s;
             per_try_timeout 2s;
-            retry_backoff 100ms 100ms jitter=none;
+            retry_backoff 100ms 100ms jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /off/ {
@@ -133,7 +133,7 @@ http {
             proxy_pass http://one;
         }
         location /log/ {
-            retry_backoff 50ms 1s 2 jitter=none;
+            retry_backoff 50ms 1s 2 jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /spill/ {
@@ -144,7 +144,7 @@ http {
             retry_attempts 0;
             retry_timeout 1s;
             per_try_timeout 1s;
-            retry_backoff 100ms 100ms jitter=none;
+            retry_backoff 100ms 100ms jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /lastresp/ {
@@ -154,7 +154,7 @@ http {
         }
         location /many/ {
             retry_attempts 20;
-            retry_backoff 1ms 1ms jitter=none;
+            retry_backoff 1ms 1ms jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /names/ {

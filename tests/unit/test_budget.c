@@ -480,9 +480,61 @@ test_shared(void)
     ric_shm_destroy(z);
 }
 
+/* Adaptive backoff's regime, as the upstream's retries succeed and fail. */
+static void
+test_backoff_regime(void)
+{
+    budget_t t;
+    ric_budget_t *b = adaptive(&t, 100, 5000);
+    int i, n;
+
+    UNIT_CASE("a fresh upstream's retries go at once");
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 0);
+
+    UNIT_CASE("30% independent failures keep the fast regime (a fixed pattern, 10000 retries)");
+    for (i = 0, n = 0; i < 10000; i++) {
+        ric_budget_retried(b, i % 10 == 2 || i % 10 == 5 || i % 10 == 8);
+        n += ric_budget_backoff_share(b) > 0;
+    }
+    UNIT_CHECK_INT(n, 0);
+
+    UNIT_CASE("failing retries take it to the whole schedule, in proportion on the way");
+    for (i = 0, n = 0; i < 40 && ric_budget_backoff_share(b) < 1000; i++) {
+        ric_budget_retried(b, 1);
+        n += ric_budget_backoff_share(b) > 0 && ric_budget_backoff_share(b) < 1000;
+    }
+    UNIT_CHECK(i >= 14 && i <= 40);
+    UNIT_CHECK(n > 5); /* a scaled stretch between the two */
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 1000);
+
+    UNIT_CASE("retries that work again bring the fast regime back");
+    for (i = 0; i < 40 && ric_budget_backoff_share(b) > 0; i++) {
+        ric_budget_retried(b, 0);
+    }
+    UNIT_CHECK(i < 40);
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 0);
+
+    UNIT_CASE("a bucket that spent half of its first tokens waits the whole schedule");
+    STORE(&t.st.tokens, RIC_BUDGET_START / 2 - 1);
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 1000);
+    STORE(&t.st.tokens, RIC_BUDGET_START / 2);
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 0);
+
+    UNIT_CASE("a small bucket (max=4) is draining only below half of its own first tokens");
+    b = adaptive(&t, 4, 5000);
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 0);
+    STORE(&t.st.tokens, 1999);
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 1000);
+
+    UNIT_CASE("the ratio form has no tokens: the retries' record alone");
+    b = ratio(&t, 0.2, 10);
+    UNIT_CHECK_INT(ric_budget_backoff_share(b), 0);
+}
+
 int
 main(void)
 {
+    test_backoff_regime();
     test_adaptive();
     test_off();
     test_ratio();

@@ -343,5 +343,72 @@ main(void)
     UNIT_CHECK(DL("abc") == RIC_ERROR);
     UNIT_CHECK(DL("1.s") == RIC_ERROR);
     UNIT_CHECK(DL("99999999999999999999") == RIC_ERROR);
+    UNIT_CASE("adaptive backoff: while retries work the retry goes at once, in the fast regime");
+    p = policy();
+    p.adaptive = 1;
+    in = input();
+    in.backoff_share = 0;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.retry, 1);
+    UNIT_CHECK_INT(d.wait_ms, 0);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "fast");
+
+    UNIT_CASE("adaptive backoff: in between, a share of the schedule's draw; all of it when slow");
+    in.backoff_share = 500;
+    in.attempt = 3; /* the schedule's 1000 ms */
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 500);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "scaled");
+    in.backoff_share = 1000;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 1000);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "backoff");
+
+    UNIT_CASE("adaptive backoff: the jittered draw is scaled, so the spread stays");
+    p.backoff.jitter = RIC_JITTER_FULL;
+    fixed_value = 777;
+    in.backoff_share = 250;
+    UNIT_CHECK_INT(decide(&p, &in, NULL).wait_ms, 777 / 4); /* 777 of a 1000 ms window, a quarter */
+    fixed_value = 0;
+    p.backoff.jitter = RIC_JITTER_NONE;
+
+    UNIT_CASE("adaptive backoff: a Retry-After and a script's delay are honoured as they are");
+    in = input();
+    in.backoff_share = 0;
+    in.has_retry_after = 1;
+    in.retry_after_ms = 2000;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 2000);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "retry_after");
+    in.has_retry_after = 0;
+    in.classified = RIC_CLASSIFY_RETRY;
+    in.has_script_delay = 1;
+    in.script_delay_ms = 300;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 300);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "script");
+
+    UNIT_CASE("adaptive backoff: the deadline, the attempts cap and replay safety still apply");
+    in = input();
+    in.backoff_share = 0;
+    in.deadline_ms = in.now_ms; /* no time left even for a wait of 0 */
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "deadline");
+    in = input();
+    in.backoff_share = 0;
+    in.attempt = 5;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "attempts_exhausted");
+    in = input();
+    in.backoff_share = 0;
+    in.replay_safe = 0;
+    UNIT_CHECK_STR(ric_retry_reason_name(decide(&p, &in, NULL).reason), "unsafe_method");
+
+    UNIT_CASE("adaptive=off: the schedule whatever the share");
+    p.adaptive = 0;
+    in = input();
+    in.backoff_share = 0;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 250);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "backoff");
+
     return UNIT_DONE("retry");
 }
