@@ -119,21 +119,23 @@ void ric_budget_refund(ric_budget_t *b, int64_t paid);
 /*
  * Adaptive backoff: the budget also keeps how well the upstream's recent
  * retries did, a moving average of their outcomes (each retry moves it a
- * sixteenth of the way to 1000 when it was answered well, to 0 when it
- * failed), starting at RIC_BACKOFF_SCORE_START. While it is at least
+ * thirty-second of the way to 1000 when it was answered well, to 0 when
+ * it failed), starting at RIC_BACKOFF_SCORE_START. While it is at least
  * RIC_BACKOFF_SCORE_FAST (failures look independent: retries mostly work,
  * as with random drops or one bad server), a retry goes at once; at
  * RIC_BACKOFF_SCORE_SLOW or below (they look correlated: retries fail too,
- * as in an overload or a brownout), and whenever the adaptive bucket has
- * spent half of its first tokens, it waits the whole configured schedule;
- * in between, in proportion. With 30% independent failures the average
- * sits near 700, five standard deviations above the fast bound; from there
- * 14 failed retries in a row leave the fast regime and 31 reach the slow.
+ * as in an overload or a brownout), and whenever the adaptive bucket holds
+ * less than half of the tokens it starts with, it waits the whole
+ * configured schedule; in between, in proportion. With 30% independent
+ * failures the average sits near 700, about 3.5 standard deviations above
+ * the fast bound (below it 0.02% of the time); from there 11 failed
+ * retries in a row leave the fast regime and 34 reach the slow one. An
+ * upstream failing 65% of the time sits near 365: half the schedule.
  */
 #define RIC_BACKOFF_SCORE_START 750
-#define RIC_BACKOFF_SCORE_FAST 300
-#define RIC_BACKOFF_SCORE_SLOW 100
-#define RIC_BACKOFF_SCORE_STEP 16 /* a retry moves the average 1/16 of the way */
+#define RIC_BACKOFF_SCORE_FAST 500
+#define RIC_BACKOFF_SCORE_SLOW 250
+#define RIC_BACKOFF_SCORE_STEP 32 /* a retry moves the average 1/32 of the way */
 
 /* A retry's outcome, for adaptive backoff. */
 void ric_budget_retried(ric_budget_t *b, int failed);

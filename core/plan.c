@@ -100,15 +100,17 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
             st->retry_backoff_adaptive == 1 ? "on" : "off",
             fmt_ms(st->per_try_timeout, d, sizeof(d)), fmt_ms(timeout, e, sizeof(e)));
     if (st->retry_backoff_adaptive == 1) {
-        fprintf(out, "  adaptive backoff (two regimes, chosen by upstream %s's retries, shared by every "
-                "worker): while its recent retries succeed (failures look independent), a retry goes "
-                "at once (\"fast\"); while they fail (a moving average of their outcomes at or below "
-                "%d%%: 31 failed retries in a row from a steady 30%% failure rate), or its retry "
-                "budget has spent half of its first tokens, a retry waits as listed below "
-                "(\"backoff\"); between %d%% and %d%%, that share of it (\"scaled\"). A "
-                "Retry-After or a script's delay is always waited as given\n",
-                l->upstream->name, RIC_BACKOFF_SCORE_SLOW / 10, RIC_BACKOFF_SCORE_SLOW / 10,
-                RIC_BACKOFF_SCORE_FAST / 10);
+        fprintf(out, "  adaptive backoff (chosen by upstream %s's retries, shared by every worker): "
+                "while the moving average of its recent retries' outcomes is at or above %d%% "
+                "(failures look independent), a retry goes at once (\"fast\"); at or below %d%% "
+                "(they look correlated: 34 failed retries in a row from a steady 30%% failure "
+                "rate)%s, it waits as listed below (\"backoff\"); in between, a share of it "
+                "(\"scaled\"). A 429 and a Retry-After above retry_after_max always wait as "
+                "listed; a valid Retry-After or a script's delay is waited as given\n",
+                l->upstream->name, RIC_BACKOFF_SCORE_FAST / 10, RIC_BACKOFF_SCORE_SLOW / 10,
+                l->upstream->budget->kind == RIC_BUDGET_ADAPTIVE
+                    ? ", or while its retry budget holds less than half of the tokens it starts with"
+                    : "");
     } else {
         fprintf(out, "  adaptive=off: every retry waits as listed below\n");
     }

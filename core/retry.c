@@ -231,7 +231,11 @@ ric_retry_decide(const ric_retry_policy_t *policy, const ric_retry_input_t *in,
         d.regime = RIC_WAIT_RETRY_AFTER;
     } else {
         d.wait_ms = ric_backoff_wait(&policy->backoff, in->attempt, rnd, ctx);
-        if (policy->adaptive && in->backoff_share < 1000) {
+        /* a rate limit (429), or an upstream asking for longer than
+         * retry_after_max, says the failure is not a passing one: the
+         * schedule, whatever the upstream's other retries did */
+        if (policy->adaptive && in->backoff_share < 1000
+            && !(in->class == RIC_CLASS_STATUS && (in->status == 429 || in->has_retry_after))) {
             d.wait_ms = ric_retry_adaptive_wait(d.wait_ms, in->backoff_share);
             d.regime = in->backoff_share <= 0 ? RIC_WAIT_FAST : RIC_WAIT_SCALED;
         }

@@ -138,6 +138,19 @@ describe("adaptive backoff", function()
         end
     end)
 
+    it("waits the schedule after a 429 even while retries work (a rate limit is no passing fault)", function()
+        gw = start(up)
+        up:program({ routes = { ["/limited"] = { sequence = { 429 }, default = 200 },
+                                ["/ok"] = { sequence = { 503 }, default = 200 } } })
+        assert.equal(200, get(gw.port, "/ok").status)
+        assert.equal(200, get(gw.port, "/limited").status)
+        assert.truthy(logged(gw, "/limited", 1), ctx(gw, "access log incomplete"))
+        assert.equal("fast", entries(gw, "/ok")[1].attempts[2].regime)
+        local a = entries(gw, "/limited")[1].attempts[2]
+        assert.equal("backoff", a.regime, json.encode(a))
+        assert.is_true(math.abs(a.wait - 0.3) < 0.0015, json.encode(a))
+    end)
+
     it("adaptive=off waits the schedule from the first retry", function()
         gw = start(up, { ADAPTIVE = "adaptive=off" })
         up:program({ routes = { ["/fixed"] = { sequence = { 503 }, default = 200 } } })

@@ -372,6 +372,20 @@ main(void)
     fixed_value = 0;
     p.backoff.jitter = RIC_JITTER_NONE;
 
+    UNIT_CASE("adaptive backoff: a 429, and a Retry-After too long to honour, wait the schedule");
+    in = input();
+    in.backoff_share = 0;
+    in.status = 429;
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 250);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "backoff");
+    in.status = 503;
+    in.has_retry_after = 1;
+    in.retry_after_ms = 120000; /* above retry_after_max */
+    d = decide(&p, &in, NULL);
+    UNIT_CHECK_INT(d.wait_ms, 250);
+    UNIT_CHECK_STR(ric_retry_regime_name(d.regime), "backoff");
+
     UNIT_CASE("adaptive backoff: a Retry-After and a script's delay are honoured as they are");
     in = input();
     in.backoff_share = 0;
