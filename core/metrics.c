@@ -251,28 +251,30 @@ sum_words(uint64_t *out, const uint64_t *in, size_t words)
     }
 }
 
-void
-ric_metrics_route_sum(const ric_route_metrics_t *m, ric_route_shard_t *out)
+/* Every shard of an entry (RIC_METRIC_SHARDS of size bytes from first)
+ * summed into out; NULL first: zeros. */
+static void
+sum_shards(void *out, const void *first, size_t size)
 {
     int i;
 
-    memset(out, 0, sizeof(*out));
-    for (i = 0; m != NULL && i < RIC_METRIC_SHARDS; i++) {
-        sum_words((uint64_t *) out, (const uint64_t *) &m->shard[i],
-                  sizeof(*out) / sizeof(uint64_t));
+    memset(out, 0, size);
+    for (i = 0; first != NULL && i < RIC_METRIC_SHARDS; i++) {
+        sum_words(out, (const uint64_t *) ((const u_char *) first + (size_t) i * size),
+                  size / sizeof(uint64_t));
     }
+}
+
+void
+ric_metrics_route_sum(const ric_route_metrics_t *m, ric_route_shard_t *out)
+{
+    sum_shards(out, m != NULL ? m->shard : NULL, sizeof(*out));
 }
 
 void
 ric_metrics_upstream_sum(const ric_upstream_metrics_t *m, ric_upstream_shard_t *out)
 {
-    int i;
-
-    memset(out, 0, sizeof(*out));
-    for (i = 0; m != NULL && i < RIC_METRIC_SHARDS; i++) {
-        sum_words((uint64_t *) out, (const uint64_t *) &m->shard[i],
-                  sizeof(*out) / sizeof(uint64_t));
-    }
+    sum_shards(out, m != NULL ? m->shard : NULL, sizeof(*out));
 }
 
 const char *
