@@ -1055,10 +1055,16 @@ ric_script_log_cleanup(void *data)
         lua_pushstring(L, ric_retry_reason_name(r->not_retried));
         lua_setfield(L, -2, "not_retried");
     }
+    if (e->verdict != NULL) {
+        lua_pushstring(L, e->verdict);
+        lua_setfield(L, -2, "verdict");
+        lua_pushstring(L, e->reason);
+        lua_setfield(L, -2, "reason");
+    }
     lua_createtable(L, e->nattempts, 0);
     for (i = 0; i < e->nattempts; i++) {
         const ric_attempt_record_t *a = &e->attempts[i];
-        lua_createtable(L, 0, 5);
+        lua_createtable(L, 0, 6);
         lua_pushstring(L, a->class);
         lua_setfield(L, -2, "class");
         if (a->status > 0) {
@@ -1073,6 +1079,10 @@ ric_script_log_cleanup(void *data)
         lua_setfield(L, -2, "duration");
         lua_pushnumber(L, (double) a->wait_us / 1e6);
         lua_setfield(L, -2, "wait");
+        if (a->regime != NULL) {
+            lua_pushstring(L, a->regime);
+            lua_setfield(L, -2, "regime");
+        }
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "attempts");

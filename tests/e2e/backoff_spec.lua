@@ -151,6 +151,30 @@ describe("adaptive backoff", function()
         assert.is_true(math.abs(a.wait - 0.3) < 0.0015, json.encode(a))
     end)
 
+    it("tells a route script's on_log the regime, the verdict and its reason", function()
+        local dir = H.mkdtemp("onlog")
+        H.write_file(dir .. "/log.lua", [=[
+return {
+    on_log = function(ctx)
+        local a = ctx.attempts[2]
+        ctx:set("regime", a and a.regime or "none")
+        ctx:set("verdict", ctx.verdict or "none")
+        ctx:set("reason", ctx.reason or "none")
+    end,
+}
+]=])
+        local conf = CONF:gsub("location / { proxy_pass http://one; }",
+            "location / { script " .. dir .. "/log.lua; proxy_pass http://one; }")
+        gw = H.start_gateway({ conf = conf, upstream = up,
+            vars = { WORKERS = "1", BUDGET = "retry_budget off;", ADAPTIVE = "" } })
+        up:program({ routes = { ["/told"] = { sequence = { 503 }, default = 200 } } })
+        assert.equal(200, get(gw.port, "/told").status)
+        assert.truthy(logged(gw, "/told", 1), ctx(gw, "access log incomplete"))
+        local e = entries(gw, "/told")[1]
+        assert.same({ regime = "fast", verdict = "passed", reason = "final_status" }, e.script, json.encode(e))
+        H.rm_rf(dir)
+    end)
+
     it("adaptive=off waits the schedule from the first retry", function()
         gw = start(up, { ADAPTIVE = "adaptive=off" })
         up:program({ routes = { ["/fixed"] = { sequence = { 503 }, default = 200 } } })
