@@ -78,14 +78,11 @@ static int
 json_line(ric_request_t *r, int status, const char *fields, const char *fmt, ...)
 {
     ric_buf_t b = { 0 };
-    char line[512];
     va_list ap;
-    int n;
 
     va_start(ap, fmt);
-    n = vsnprintf(line, sizeof(line), fmt, ap);
+    ric_buf_vprintf(&b, fmt, ap);
     va_end(ap);
-    ric_buf_put(&b, line, ric_min((size_t) ric_max(n, 0), sizeof(line) - 1));
     return answer(r, status, fields, &b);
 }
 

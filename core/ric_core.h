@@ -3,6 +3,7 @@
 #define RIC_CORE_H
 
 #include "list.h"
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -109,6 +110,7 @@ void ric_buf_put(ric_buf_t *b, const void *p, size_t n);
 void ric_buf_puts(ric_buf_t *b, const char *s);
 /* Appends printf's output, however long. */
 void ric_buf_printf(ric_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ric_buf_vprintf(ric_buf_t *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 void ric_buf_free(ric_buf_t *b);
 
 /* A random (version 4) UUID, lowercase, NUL-terminated in out[37]. */

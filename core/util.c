@@ -161,25 +161,32 @@ ric_buf_puts(ric_buf_t *b, const char *s)
 }
 
 void
+ric_buf_vprintf(ric_buf_t *b, const char *fmt, va_list ap)
+{
+    va_list again;
+    int n;
+
+    va_copy(again, ap);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    if (n > 0) {
+        if (b->len + (size_t) n + 1 > b->size) {
+            b->size = ric_max(b->size * 2, b->len + (size_t) n + 256);
+            b->data = ric_xrealloc(b->data, b->size);
+        }
+        vsnprintf((char *) b->data + b->len, (size_t) n + 1, fmt, again);
+        b->len += (size_t) n;
+    }
+    va_end(again);
+}
+
+void
 ric_buf_printf(ric_buf_t *b, const char *fmt, ...)
 {
     va_list ap;
-    int n;
 
     va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
+    ric_buf_vprintf(b, fmt, ap);
     va_end(ap);
-    if (n <= 0) {
-        return;
-    }
-    if (b->len + (size_t) n + 1 > b->size) {
-        b->size = ric_max(b->size * 2, b->len + (size_t) n + 256);
-        b->data = ric_xrealloc(b->data, b->size);
-    }
-    va_start(ap, fmt);
-    vsnprintf((char *) b->data + b->len, (size_t) n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t) n;
 }
 
 void

@@ -10,14 +10,7 @@ local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
 end
 
--- The access log's entries for paths starting with prefix, in order.
-local function entries(gw, prefix)
-    local out = {}
-    for _, e in ipairs(H.access_entries(gw)) do
-        if e.path:sub(1, #prefix) == prefix then out[#out + 1] = e end
-    end
-    return out
-end
+local entries = H.entries
 
 local function logged(gw, prefix, n)
     return H.wait_until(function() return #entries(gw, prefix) >= n or nil end, 10)

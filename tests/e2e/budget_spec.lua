@@ -26,32 +26,12 @@ local function by_worker(gw, prefix)
     return n, pids
 end
 
--- Sends the requests of paths at once, each on a fresh connection (so the kernel hands them to either worker),
--- in waves of `width`; returns the responses (nil entries for failures) and the first error.
+-- Sends the requests of paths, each on a fresh connection (so the kernel hands them to either worker), in waves
+-- of `width`; returns the responses (false for failures) and the first error.
 local function burst(port, paths, width)
-    local out, first_err = {}, nil
-    for start = 1, #paths, width do
-        local conns = {}
-        for i = start, math.min(start + width - 1, #paths) do
-            local c, err = H.connect(port)
-            if c then
-                local ok, serr = c:send(H.build_request(port, { path = paths[i], headers = { { "Connection", "close" } } }))
-                if not ok then err = serr; c:close(); c = nil end
-            end
-            conns[i] = c or false
-            first_err = first_err or (not c and err) or nil
-        end
-        for i = start, math.min(start + width - 1, #paths) do
-            local c = conns[i]
-            if c then
-                local resp, err = c:read_response({ timeout = 10 })
-                out[i] = resp
-                first_err = first_err or (not resp and err) or nil
-                c:close()
-            end
-        end
-    end
-    return out, first_err
+    local reqs = {}
+    for i, p in ipairs(paths) do reqs[i] = { path = p } end
+    return H.fire(port, reqs, width)
 end
 
 -- Paths /prefix/1 .. /prefix/n.

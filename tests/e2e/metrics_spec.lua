@@ -143,48 +143,7 @@ end
 -- Clients
 ---------------------------------------------------------------------------
 
--- Sends reqs (tables for H.build_request) each on a fresh connection with Connection: close, `width` at a time,
--- so the kernel hands them to either worker; returns the responses in order (false for a failure) and the first error.
-local function fire(port, reqs, width)
-    local out, first_err = {}, nil
-    for start = 1, #reqs, width do
-        local conns = {}
-        for i = start, math.min(start + width - 1, #reqs) do
-            local req = {}
-            for k, v in pairs(reqs[i]) do req[k] = v end
-            local headers = { { "Connection", "close" } }
-            for _, h in ipairs(reqs[i].headers or {}) do headers[#headers + 1] = h end
-            req.headers = headers
-            local c, err = H.connect(port)
-            if c then
-                local ok, serr = c:send(H.build_request(port, req))
-                if not ok then err = serr; c:close(); c = nil end
-            end
-            conns[i] = c or false
-            first_err = first_err or (not c and err) or nil
-        end
-        for i = start, math.min(start + width - 1, #reqs) do
-            local c = conns[i]
-            out[i] = false
-            if c then
-                local resp, err = c:read_response({ timeout = 10, method = reqs[i].method })
-                out[i] = resp or false
-                first_err = first_err or (not resp and err) or nil
-                c:close()
-            end
-        end
-    end
-    return out, first_err
-end
-
--- The access log entries whose path starts with prefix (whole lines only).
-local function entries(gw, prefix)
-    local out = {}
-    for _, e in ipairs(H.access_entries(gw)) do
-        if type(e.path) == "string" and e.path:sub(1, #prefix) == prefix then out[#out + 1] = e end
-    end
-    return out
-end
+local fire, entries = H.fire, H.entries
 
 local function pids_of(list)
     local per, n = {}, 0
