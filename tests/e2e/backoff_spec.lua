@@ -73,7 +73,6 @@ describe("adaptive backoff", function()
             assert.equal("fast", e.attempts[2].regime, json.encode(e))
             assert.equal(0, e.attempts[2].wait, json.encode(e))
             assert.is_nil(e.attempts[1].regime) -- a first attempt waits for nothing
-            assert.is_true(e.duration < 0.25, "a fast retry took the schedule's wait: " .. json.encode(e))
         end
     end)
 
