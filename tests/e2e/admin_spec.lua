@@ -954,10 +954,11 @@ describe("the admin listener out of descriptors", function()
     end)
 
     it("takes proxy connections again once the admin connections that used every descriptor close", function()
-        local w = gw:workers()[1]
+        -- a worker serves (the master binds the sockets before it forks: accepting proves nothing)
+        assert.equal(200, assert(H.request(gw.port, { path = "/before" })).status)
+        local w = H.wait_until(function() return gw:workers()[1] end, 5)
         assert.truthy(w, ctx(gw))
         assert.matches("Max open files%s+48%s", H.read_file("/proc/" .. w .. "/limits") or "")
-        assert.equal(200, assert(H.request(gw.port, { path = "/before" })).status)
         -- half-sent admin requests (no blank line yet), more than the worker has descriptors for
         for _ = 1, 80 do
             local c = H.connect(gw.port2, { timeout = 1 })
