@@ -230,11 +230,18 @@ ric_access_log_write(ric_access_log_t *log, const ric_access_entry_t *e)
             put_lit(&o, ",\"regime\":");
             put_json_cstr(&o, a->regime);
         }
+        if (a->hedge) {
+            put_lit(&o, ",\"hedge\":true");
+        }
         put_lit(&o, "}");
     }
     put_lit(&o, "]");
     if (e->attempts_total > e->nattempts) {
         putf(&o, ",\"attempts_total\":%d", e->attempts_total);
+    }
+    if (e->hedge != NULL) {
+        put_lit(&o, ",\"hedge\":");
+        put_json_cstr(&o, e->hedge);
     }
     if (e->idempotency != NULL) {
         put_lit(&o, ",\"idempotency\":");

@@ -13,6 +13,7 @@ typedef struct {
     int64_t duration_us;
     int64_t wait_us;    /* backoff before this attempt */
     const char *regime; /* what chose the wait (a retry's): backoff, fast, scaled, retry_after, script */
+    int hedge;          /* 1: sent as the hedge of the first attempt (wait: how long after it) */
 } ric_attempt_record_t;
 
 #define RIC_MAX_ATTEMPTS 32 /* logged in full; longer schedules keep the first and the last */
@@ -45,6 +46,7 @@ typedef struct {
     const char *verdict;     /* how the attempts ended: passed, kept, gave_up, cut; NULL: none made */
     const char *reason;      /* ...and why (a retry reason: final_status, budget...) */
     const char *idempotency; /* what the idempotency store did (idem.c); NULL */
+    const char *hedge;       /* a hedge was sent: won, lost or failed (ric_metrics_hedge_name) */
     ric_script_field_t script[RIC_MAX_SCRIPT_FIELDS]; /* on_log's ctx:set, in order */
     int nscript;
     size_t script_bytes;

@@ -2,6 +2,7 @@
 #include "attempt.h"
 #include "script.h"
 #include "headers.h"
+#include "hedge.h"
 #include "log.h"
 #include "request.h"
 #include "respond.h"
@@ -212,14 +213,17 @@ attempts_cleanup(void *data)
     if (r->log.upstream == NULL && (a->current != NULL || a->prev_peer != NULL)) {
         r->log.upstream = (a->current ? a->current->client.peer : a->prev_peer)->conf->addr_text;
     }
+    event_del(&a->hedge_timer);
     attempt_free(a->current);
+    attempt_free(a->racing);
     attempt_free(a->kept);
     attempt_free(a->draining);
     if (r->answer != a->current && r->answer != a->kept && r->answer != a->draining) {
         attempt_free(r->answer);
     }
-    a->current = a->kept = a->draining = r->answer = NULL;
+    a->current = a->racing = a->kept = a->draining = r->answer = NULL;
     ric_buf_free(&a->head);
+    ric_buf_free(&a->hedge_head);
 }
 
 static void
@@ -254,13 +258,127 @@ on_try_timeout(evutil_socket_t fd, short what, void *arg)
                  0, "upstream timed out (per_try_timeout)");
 }
 
+/* A new attempt (number ++count) and its request head, built into head. */
+static ric_attempt_t *
+attempt_new(ric_request_t *r, ric_buf_t *head)
+{
+    ric_attempts_t *a = r->attempts;
+    const ric_http_settings_t *s = r->settings;
+    ric_attempt_t *u = ric_xcalloc(1, sizeof(*u));
+
+    u->r = r;
+    u->number = ++a->count;
+    ric_upstream_request_build(r, u->number, head);
+    ric_http1_init(&u->client, &handler, u, r->up, r->msg->method);
+    u->client.connect_timeout = s->proxy_connect_timeout;
+    u->client.send_timeout = s->proxy_send_timeout;
+    u->client.read_timeout = s->proxy_read_timeout;
+    evtimer_assign(&u->try_timer, r->c->base, on_try_timeout, u);
+    return u;
+}
+
+/* Sends u to peer. */
+static void
+attempt_send(ric_attempt_t *u, ric_peer_t *peer, const ric_buf_t *head)
+{
+    ric_request_t *r = u->r;
+
+    u->start_us = ric_now_us();
+    if (r->body_mode != RIC_REQ_BODY_STREAM) {
+        arm_try_timer(u); /* a streamed body's clock starts when it has been sent */
+    }
+    /* a request that cannot be retried takes no chances with a pooled
+     * connection: it is checked even when it was idle only a moment */
+    if (ric_http1_start(&u->client, peer, !(r->replay_safe && r->body_replayable),
+                        head->data, head->len, &r->body,
+                        r->body_mode == RIC_REQ_BODY_STREAM ? &r->upload : NULL)
+        != RIC_OK) {
+        attempt_done(u, RIC_CLASS_CONNECT_ERROR, errno, "connect() failed");
+    }
+}
+
+/* --- hedging (retry_hedge) --------------------------------------------------- */
+
+/* The first attempt of a request that may be sent twice at once gets its
+ * hedge timer: after retry_hedge, or the upstream's p95 (auto; none until
+ * it has one). Only what may be retried is hedged: a replay-safe request
+ * whose body is held, with retries on and an attempt left. */
+static void
+hedge_arm(ric_request_t *r)
+{
+    ric_attempts_t *a = r->attempts;
+    int64_t ms = r->settings->retry_hedge, us;
+    struct timeval tv;
+
+    if (ms == RIC_HEDGE_OFF || a->count != 1 || !r->policy.enabled || ric_retry_killed
+        || !r->replay_safe || r->key_no_contract || !r->body_replayable
+        || (r->policy.attempts != 0 && r->policy.attempts < 2)) {
+        return;
+    }
+    if (ms == RIC_HEDGE_AUTO) {
+        us = ric_hedge_p95_us(r->up->hedge);
+        if (us < 0 || us > r->deadline_span_ms * 1000) {
+            return;
+        }
+        ms = ric_max((us + 999) / 1000, (int64_t) 1);
+    }
+    if (ric_now_ms() + ms >= r->deadline_ms) {
+        return;
+    }
+    a->hedge_after_ms = ms;
+    tv = ric_ms_to_tv(ms);
+    event_add(&a->hedge_timer, &tv);
+}
+
+/* The first attempt still has no answer: its hedge goes to another server
+ * (the same one when the upstream has no other up), paid from the budget. */
+static void
+on_hedge_time(evutil_socket_t fd, short what, void *arg)
+{
+    ric_request_t *r = arg;
+    ric_attempts_t *a = r->attempts;
+    ric_attempt_t *first = a->current, *u;
+    int64_t now = ric_now_ms(), paid = 0;
+
+    (void) fd;
+    (void) what;
+    if (first == NULL || first->number != 1 || a->racing != NULL || r->responding
+        || first->client.state > RIC_HTTP1_HEAD || now >= r->deadline_ms) {
+        return;
+    }
+    if (!ric_budget_take_hedge(&r->up->budget, now, &paid)) {
+        ric_metrics_hedge(r->location->metrics, r->up->conf->metrics, RIC_MH_REFUSED);
+        ric_log_error(RIC_LOG_INFO, 0, "the retry budget of upstream \"%s\" refused a hedge, "
+                      "client: %s", r->up->conf->name, r->c->peer);
+        return;
+    }
+    u = attempt_new(r, &a->hedge_head);
+    u->hedge = 1;
+    u->paid = paid;
+    u->wait_us = ric_now_us() - first->start_us;
+    a->racing = u;
+    ric_log_error(RIC_LOG_INFO, 0, "hedging: attempt %d, no answer from %s after %lldms, "
+                  "client: %s", u->number, first->client.peer->conf->addr_text,
+                  (long long) a->hedge_after_ms, r->c->peer);
+    attempt_send(u, ric_upstream_pick(r->up, first->client.peer, now), &a->hedge_head);
+}
+
+/* The other attempt of a hedged pair answered first: this one is closed
+ * (its connection with it, never pooled half-read). What a hedge paid is
+ * not given back: the upstream had its load. */
+static void
+attempt_cancel(ric_request_t *r, ric_attempt_t *u)
+{
+    event_del(&u->try_timer);
+    record_attempt(r, u, "cancelled", RIC_MC_CANCELLED, 0);
+    attempt_free(u);
+}
+
 static void
 attempt_start(ric_request_t *r)
 {
     ric_attempts_t *a = r->attempts;
-    const ric_http_settings_t *s = r->settings;
     ric_attempt_t *u;
-    ric_peer_t *peer;
 
     /* a dropped response still arriving missed its chance */
     attempt_free(a->draining);
@@ -268,34 +386,15 @@ attempt_start(ric_request_t *r)
     a->drain_extended = 0;
     a->waiting = 0;
 
-    u = ric_xcalloc(1, sizeof(*u));
-    u->r = r;
-    u->number = ++a->count;
+    u = attempt_new(r, &a->head);
     u->wait_us = a->wait_us;
     u->regime = a->regime;
     u->paid = a->paid;
     a->paid = 0;
     a->paid_for = 0;
     a->current = u;
-    ric_upstream_request_build(r, u->number, &a->head);
-    u->start_us = ric_now_us();
-    peer = ric_upstream_pick(r->up, a->prev_peer, ric_now_ms());
-    ric_http1_init(&u->client, &handler, u, r->up, r->msg->method);
-    u->client.connect_timeout = s->proxy_connect_timeout;
-    u->client.send_timeout = s->proxy_send_timeout;
-    u->client.read_timeout = s->proxy_read_timeout;
-    evtimer_assign(&u->try_timer, r->c->base, on_try_timeout, u);
-    if (r->body_mode != RIC_REQ_BODY_STREAM) {
-        arm_try_timer(u); /* a streamed body's clock starts when it has been sent */
-    }
-    /* a request that cannot be retried takes no chances with a pooled
-     * connection: it is checked even when it was idle only a moment */
-    if (ric_http1_start(&u->client, peer, !(r->replay_safe && r->body_replayable),
-                        a->head.data, a->head.len, &r->body,
-                        r->body_mode == RIC_REQ_BODY_STREAM ? &r->upload : NULL)
-        != RIC_OK) {
-        attempt_done(u, RIC_CLASS_CONNECT_ERROR, errno, "connect() failed");
-    }
+    hedge_arm(r);
+    attempt_send(u, ric_upstream_pick(r->up, a->prev_peer, ric_now_ms()), &a->head);
 }
 
 /* Waiting for the budget: asked again after about the first backoff
@@ -440,10 +539,23 @@ record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass
     rec->status = status;
     rec->duration_us = took;
     rec->wait_us = u->wait_us;
-    rec->regime = u->number > 1 ? ric_retry_regime_name(u->regime) : NULL;
+    rec->regime = u->number > 1 && !u->hedge ? ric_retry_regime_name(u->regime) : NULL;
+    rec->hedge = u->hedge;
     ric_metrics_attempt(r->location->metrics, r->up->conf->metrics, mc,
-                        status != 0 ? took : -1, u->number > 1 ? (int) a->last_mc : -1,
+                        status != 0 ? took : -1, u->number > 1 && !u->hedge ? (int) a->last_mc : -1,
                         u->wait_us);
+    if (r->settings->retry_hedge == RIC_HEDGE_AUTO
+        && (status != 0 || mc == RIC_MC_TIMEOUT || mc == RIC_MC_CANCELLED)) {
+        /* how long the upstream takes to answer: a cancelled or timed-out
+         * attempt took at least this long */
+        ric_hedge_observe(r->up->hedge, took);
+    }
+    if (u->hedge) {
+        int how = mc == RIC_MC_CANCELLED || mc == RIC_MC_CUT || mc == RIC_MC_CLIENT_BODY
+                      ? RIC_MH_LOST : u->failed ? RIC_MH_FAILED : RIC_MH_WON;
+        ric_metrics_hedge(r->location->metrics, r->up->conf->metrics, how);
+        e->hedge = ric_metrics_hedge_name(how);
+    }
     a->last_mc = mc;
     a->last_classified = u->classified;
 }
@@ -546,17 +658,24 @@ attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reas
     ric_attempts_t *a = r->attempts;
     ric_attempt_t *kept = a->kept;
 
-    if (a->current != NULL && a->current != answer) {
+    ric_attempt_t *out[2] = { a->current, a->racing };
+    int i;
+
+    for (i = 0; i < 2; i++) {
+        if (out[i] == NULL || out[i] == answer) {
+            continue;
+        }
         if (cut != NULL) {
-            record_attempt(r, a->current, cut,
+            record_attempt(r, out[i], cut,
                            strcmp(cut, "client_body") == 0 ? RIC_MC_CLIENT_BODY : RIC_MC_CUT, 0);
         }
         /* a retry paid for whose outcome nobody will know: its token goes back */
-        if (a->current->paid > 0) {
-            ric_budget_refund(&r->up->budget, a->current->paid);
-            a->current->paid = 0;
+        if (out[i]->paid > 0) {
+            ric_budget_refund(&r->up->budget, out[i]->paid);
+            out[i]->paid = 0;
         }
     }
+    event_del(&a->hedge_timer);
     if (a->paid > 0) { /* ...and one granted for a retry that is not made */
         ric_budget_refund(&r->up->budget, a->paid);
         a->paid = 0;
@@ -612,6 +731,25 @@ failure_status(unsigned class, int err, int tls_failed)
            || (class == RIC_CLASS_CONNECT_ERROR && err == 0 && !tls_failed) ? 504 : 502;
 }
 
+/* A response dropped for a retry (or for the other attempt of a pair):
+ * kept whole as an answer of last resort, or drained meanwhile. */
+static void
+keep_dropped(ric_request_t *r, ric_attempt_t *u, unsigned class)
+{
+    ric_attempts_t *a = r->attempts;
+    int rc = class == RIC_CLASS_STATUS ? ric_http1_drop(&u->client) : -1;
+
+    if (rc == 1) {
+        attempt_free(a->kept); /* an answer of last resort, if no response follows */
+        a->kept = u;
+    } else if (rc == 0) {
+        attempt_free(a->draining);
+        a->draining = u;
+    } else {
+        attempt_free(u);
+    }
+}
+
 /* The one end of every attempt: passive health, classification, the
  * decision, the attempt log, then a wait and a retry, the answer, or the
  * end of trying. */
@@ -626,7 +764,9 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     int64_t now = ric_now_ms();
     int status = class == RIC_CLASS_STATUS ? h->resp.status : 0, failed, rc;
     int tls_failed = h->tls_failed; /* u may be freed before it is needed */
+    int yield;
     ric_str_t ra;
+    ric_attempt_t *rival; /* the other attempt of a hedged pair, still out */
 
     /* a route script that classifies by the body gets it first, when it is
      * small (classify_body_max); the per-try timer still runs meanwhile */
@@ -643,6 +783,10 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         u->peeked = rc == 1 ? 1 : -1;
     }
     event_del(&u->try_timer);
+    if (u->number == 1) {
+        event_del(&a->hedge_timer); /* the first attempt has its outcome: no hedge */
+    }
+    rival = u == a->current ? a->racing : u == a->racing ? a->current : NULL;
     if (class != RIC_CLASS_STATUS) {
         ric_log_error(RIC_LOG_ERR, err, "%s while %s, client: %s, upstream: %s, attempt: %d",
                       what, doing(u), r->c->peer, h->peer->conf->addr_text, u->number);
@@ -675,8 +819,12 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     }
     in.backoff_share = r->policy.adaptive ? ric_budget_backoff_share(&r->up->budget) : 1000;
     d = ric_retry_decide(&r->policy, &in, &r->up->budget, ric_backoff_rand, NULL);
+    u->failed = failed;
+    /* of a hedged pair, the first answer that is not a failure wins; a
+     * failure leaves the other to go on alone */
+    yield = rival != NULL && (failed || d.retry || class != RIC_CLASS_STATUS);
 
-    if (!d.retry && class == RIC_CLASS_STATUS
+    if (!yield && !d.retry && class == RIC_CLASS_STATUS
         && ric_http1_read_body(h, h->resp.body == RIC_BODY_CHUNKED && r->msg->version == 10)
                != RIC_OK) {
         /* nothing has reached the client yet: it gets a clean answer */
@@ -684,10 +832,18 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
         return;
     }
     ric_budget_outcome(&r->up->budget, failed, u->paid, now);
-    if (u->number > 1) {
+    if (u->number > 1 && !u->hedge) {
         ric_budget_retried(&r->up->budget, failed); /* adaptive backoff's regime */
     }
     u->paid = 0;
+    if (rival != NULL && !yield) {
+        ric_log_error(RIC_LOG_INFO, 0, "attempt %d answered first: cancelling attempt %d "
+                      "(upstream: %s), client: %s", u->number, rival->number,
+                      rival->client.peer->conf->addr_text, r->c->peer);
+        attempt_cancel(r, rival);
+        a->current = u;
+        a->racing = NULL;
+    }
     a->last_transient = ric_retry_on_match(r->policy.retry_on, class, status);
     record_attempt(r, u, ric_retry_class_name(class), ric_metrics_class(class, status, tls_failed),
                    status);
@@ -702,6 +858,14 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
                       r->location->refs.script ? r->location->refs.script->path : "?",
                       r->location->path, r->location->file, r->location->line);
     }
+    if (yield) {
+        ric_log_error(RIC_LOG_INFO, 0, "attempt %d failed while attempt %d is still out: "
+                      "waiting for it, client: %s", u->number, rival->number, r->c->peer);
+        a->current = rival;
+        a->racing = NULL;
+        keep_dropped(r, u, class);
+        return;
+    }
     if (d.retry) {
         char after[32] = "";
         if (class == RIC_CLASS_STATUS) {
@@ -714,15 +878,7 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
                       (long long) r->policy.attempts, (long long) d.wait_ms, r->c->peer,
                       h->peer->conf->addr_text);
         a->current = NULL;
-        rc = class == RIC_CLASS_STATUS ? ric_http1_drop(h) : -1;
-        if (rc == 1) {
-            attempt_free(a->kept); /* an answer of last resort, if no response follows */
-            a->kept = u;
-        } else if (rc == 0) {
-            a->draining = u;
-        } else {
-            attempt_free(u);
-        }
+        keep_dropped(r, u, class);
         a->waiting = 1;
         a->retry_cost = ric_retry_cost(class);
         a->paid = 0;
@@ -759,6 +915,7 @@ ric_attempts_phase(ric_request_t *r)
         a = r->attempts = ric_pcalloc(r->pool, sizeof(*a));
         setup(r);
         evtimer_assign(&a->wait_timer, r->c->base, on_wait_done, r);
+        evtimer_assign(&a->hedge_timer, r->c->base, on_hedge_time, r);
         a->wait_async.cancel = cancel_wait;
         a->wait_async.data = r;
         ric_request_cleanup_add(r, attempts_cleanup, r);

@@ -10,7 +10,8 @@
 #include <event2/event_struct.h>
 
 /* One try: made per attempt, torn down whole before the next begins
- * (unless its whole response is kept as the answer of last resort). */
+ * (unless its whole response is kept as the answer of last resort). A
+ * hedged request has two out at once: the first and its hedge. */
 struct ric_attempt_s {
     ric_request_t *r;
     int number;          /* from 1 */
@@ -22,6 +23,8 @@ struct ric_attempt_s {
     int64_t paid;        /* what it cost the budget (a retry), thousandths of a token */
     int peeked;          /* classify_body_max: 1 the body is in client.buf, -1 too large, 0 not read */
     int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
+    int failed;          /* its outcome counted as a failure (health, the budget) */
+    int hedge;           /* 1: sent as the hedge of the first attempt (retry_hedge) */
 };
 
 /* The attempts phase's state, kept in the request across tries (made
@@ -29,10 +32,14 @@ struct ric_attempt_s {
 typedef struct ric_attempts_s {
     int count;                /* attempts started */
     ric_attempt_t *current;   /* NULL while waiting */
+    ric_attempt_t *racing;    /* the other attempt of a hedged pair, while both are out */
     ric_attempt_t *kept;      /* the last whole response dropped for a retry */
     ric_attempt_t *draining;  /* a dropped response still arriving during the wait */
     ric_peer_t *prev_peer;    /* a retry prefers another server */
     ric_buf_t head;           /* the request head, rebuilt per attempt */
+    ric_buf_t hedge_head;     /* the hedge's request head (the first's is still being sent) */
+    struct event hedge_timer; /* retry_hedge: when the first attempt gets a second */
+    int64_t hedge_after_ms;
     struct event wait_timer;  /* the backoff before the next attempt */
     ric_async_t wait_async;   /* the wait, as the request's pending operation */
     int waiting;

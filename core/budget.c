@@ -239,9 +239,9 @@ ric_budget_request(ric_budget_t *b, int64_t now_ms)
     }
 }
 
-/* paid NULL: only asks. */
+/* paid NULL: only asks. count: a refusal and a wait are counted. */
 static ric_budget_verdict_t
-decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, int64_t *paid)
+decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, int64_t *paid, int count)
 {
     ric_budget_verdict_t v;
     int pay = paid != NULL;
@@ -259,11 +259,11 @@ decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, int64_t *pa
             *paid = 0;
         }
     }
-    if (v == RIC_BUDGET_REFUSED) {
+    if (v == RIC_BUDGET_REFUSED && count) {
         ADD(&b->st->refused, 1);
-    } else if (v == RIC_BUDGET_WAIT && pay) {
+    } else if (v == RIC_BUDGET_WAIT && pay && count) {
         ADD(&b->st->waits, 1);
-    } else if (v == RIC_BUDGET_GRANTED && pay) {
+    } else if (v == RIC_BUDGET_GRANTED && pay && count) {
         ADD(&b->st->granted, 1);
     }
     return v;
@@ -272,7 +272,7 @@ decide(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, int64_t *pa
 ric_budget_verdict_t
 ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now_ms)
 {
-    return decide(b, cost, now_ms, 0, NULL);
+    return decide(b, cost, now_ms, 0, NULL, 1);
 }
 
 ric_budget_verdict_t
@@ -280,7 +280,13 @@ ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms, int may_probe, in
 {
     int64_t ignored;
 
-    return decide(b, cost, now_ms, may_probe, paid != NULL ? paid : &ignored);
+    return decide(b, cost, now_ms, may_probe, paid != NULL ? paid : &ignored, 1);
+}
+
+int
+ric_budget_take_hedge(ric_budget_t *b, int64_t now_ms, int64_t *paid)
+{
+    return decide(b, RIC_BUDGET_COST, now_ms, 0, paid, 0) == RIC_BUDGET_GRANTED;
 }
 
 void

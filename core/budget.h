@@ -107,6 +107,12 @@ ric_budget_verdict_t ric_budget_check(ric_budget_t *b, int64_t cost, int64_t now
 ric_budget_verdict_t ric_budget_take(ric_budget_t *b, int64_t cost, int64_t now_ms,
                                      int may_probe, int64_t *paid);
 
+/* Pays for a hedge (a second attempt sent while the first is still out,
+ * retry_hedge) one retry's cost, at once or not at all: 1 when paid
+ * (*paid: what it paid), 0 when the budget could not (never a wait or a
+ * probe, and not counted among the retries refused or waiting). */
+int ric_budget_take_hedge(ric_budget_t *b, int64_t now_ms, int64_t *paid);
+
 /* The outcome of an attempt that paid `paid` (0 for a first attempt):
  * failed (its answer counts as a failure) or not. A success earns, and
  * gets back what it paid. */

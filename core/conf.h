@@ -52,6 +52,7 @@ typedef struct {
     int64_t retry_backoff_factor_milli; /* FACTOR * 1000 */
     int64_t retry_backoff_jitter;       /* ric_jitter_t */
     int64_t retry_backoff_adaptive;     /* 1: the wait follows the upstream's regime (adaptive=on) */
+    int64_t retry_hedge;                /* RIC_HEDGE_OFF, RIC_HEDGE_AUTO, or the delay (hedge.h) */
     int64_t retry_timeout;
     int64_t per_try_timeout;
     int64_t per_try_timeout_set;        /* 1: given in the config, not the default */
@@ -244,6 +245,7 @@ struct ric_upstream_conf_s {
     ric_budget_conf_t *retry_budget;   /* set in the upstream block; NULL: not */
     const ric_budget_conf_t *budget;   /* its budget's rule, whoever set it */
     ric_budget_state_t *budget_state;  /* in the shared zone */
+    struct ric_hedge_state_s *hedge_state; /* retry_hedge auto's p95, in the shared zone */
     int tls;                   /* reached with https:// (tls_file: where that was said) */
     const char *tls_file;
     int tls_line;

@@ -8,6 +8,7 @@
 #include "shared_dict.h"
 #include "backoff.h"
 #include "retry.h"
+#include "hedge.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -1206,6 +1207,27 @@ set_retry_backoff(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return NULL;
 }
 
+/* retry_hedge off | auto | TIME (above 0). */
+static const char *
+set_retry_hedge(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    int64_t ms;
+    const char *dup = check_unset(cf, cmd, conf);
+
+    if (dup) {
+        return dup;
+    }
+    if (strcmp(cf->args[1], "off") == 0 || strcmp(cf->args[1], "auto") == 0) {
+        *field_at(conf, cmd) = cf->args[1][0] == 'o' ? RIC_HEDGE_OFF : RIC_HEDGE_AUTO;
+        return NULL;
+    }
+    if (ric_conf_parse_time(cf->args[1], &ms) != RIC_OK || ms == 0) {
+        return bad_value(cf, cmd, "expected off, auto, or a time above 0 like 50ms");
+    }
+    *field_at(conf, cmd) = ms;
+    return NULL;
+}
+
 /* A time that must be above 0: a zero timeout would end every attempt
  * before it began. */
 static const char *
@@ -1878,6 +1900,9 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "retry_backoff", SETTINGS_CTX, RIC_CONF_1MORE,
       set_retry_backoff, SETTINGS(retry_backoff_initial), "250ms 5s 2 jitter=full",
       "INITIAL MAX [FACTOR] [jitter=full|equal|none] [adaptive=on|off]: the wait before each retry" },
+    { "retry_hedge", SETTINGS_CTX, RIC_CONF_TAKE1, set_retry_hedge, SETTINGS(retry_hedge), "off",
+      "off | auto | TIME: a second attempt to another server when the first has no answer after "
+      "TIME (auto: the upstream's p95); the first answer wins" },
     { "retry_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive, SETTINGS(retry_timeout), "30s",
       "the whole request's deadline: every attempt and every wait" },
     { "per_try_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_per_try_timeout,
@@ -2167,6 +2192,12 @@ check_retry_settings(ric_conf_parse_t *cf, const ric_http_settings_t *s, const c
         return ric_conf_reason(cf, "%s:%d: per_try_timeout (%lldms) is above retry_timeout "
                                "(%lldms)", file, line, (long long) s->per_try_timeout,
                                (long long) s->retry_timeout);
+    }
+    if (s->retry_hedge > 0 && s->retry_hedge >= ric_min(s->per_try_timeout, s->retry_timeout)) {
+        return ric_conf_reason(cf, "%s:%d: retry_hedge (%lldms) is not below per_try_timeout "
+                               "(%lldms) and retry_timeout (%lldms): the hedge would never be sent",
+                               file, line, (long long) s->retry_hedge,
+                               (long long) s->per_try_timeout, (long long) s->retry_timeout);
     }
     return NULL;
 }

@@ -221,6 +221,19 @@ ric_metrics_attempt(ric_route_metrics_t *rm, ric_upstream_metrics_t *um, ric_mcl
     }
 }
 
+void
+ric_metrics_hedge(ric_route_metrics_t *rm, ric_upstream_metrics_t *um, int outcome)
+{
+    ric_route_shard_t *sh = ric_metrics_route(rm);
+
+    if (sh != NULL) {
+        ric_metric_add(&sh->hedges[outcome], 1);
+    }
+    if (um != NULL && outcome != RIC_MH_REFUSED) {
+        ric_metric_add(&um->shard[ric_metrics_shard].hedges, 1);
+    }
+}
+
 ric_mclass_t
 ric_metrics_class(unsigned class, int status, int tls)
 {
@@ -282,7 +295,7 @@ ric_metrics_class_name(ric_mclass_t c)
 {
     static const char *const names[RIC_MC_MAX] = {
         "ok", "4xx", "429", "5xx", "connect_error", "tls_error", "reset", "timeout",
-        "bad_response", "cut", "client_body"
+        "bad_response", "cut", "client_body", "cancelled"
     };
 
     return (unsigned) c < RIC_MC_MAX ? names[c] : "other";
@@ -309,6 +322,14 @@ ric_metrics_idem_name(int what)
     };
 
     return what >= 0 && what < RIC_MI_MAX ? names[what] : "other";
+}
+
+const char *
+ric_metrics_hedge_name(int outcome)
+{
+    static const char *const names[RIC_MH_MAX] = { "won", "lost", "failed", "refused" };
+
+    return outcome >= 0 && outcome < RIC_MH_MAX ? names[outcome] : "other";
 }
 
 const char *

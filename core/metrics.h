@@ -42,6 +42,7 @@ typedef enum {
     RIC_MC_BAD_RESPONSE,
     RIC_MC_CUT,           /* ended by the gateway: the client left, the worker stopped */
     RIC_MC_CLIENT_BODY,   /* ended because the client's body broke */
+    RIC_MC_CANCELLED,     /* the other attempt of a hedged pair answered first */
     RIC_MC_MAX
 } ric_mclass_t;
 
@@ -53,6 +54,13 @@ typedef enum {
 #define RIC_MR_MAX 14
 
 #define RIC_MI_MAX 9 /* idempotency outcomes: ric_idem_count_t (idem_store.h) */
+
+/* How a hedge (retry_hedge) ended (ricochet_hedges_total's outcome). */
+enum { RIC_MH_WON = 0,  /* its answer was passed on */
+       RIC_MH_LOST,     /* cancelled: the first attempt answered first (or the request ended) */
+       RIC_MH_FAILED,   /* it failed itself (a status in retry_on, an error, a timeout) */
+       RIC_MH_REFUSED,  /* not sent: the retry budget could not pay for it */
+       RIC_MH_MAX };
 
 /* The TLS handshakes of a server's clients. */
 enum { RIC_TLS_OK = 0, RIC_TLS_FAILED, RIC_TLS_TIMEOUT, RIC_TLS_RESULTS };
@@ -67,6 +75,7 @@ typedef struct {
     uint64_t retries[RIC_MC_MAX];        /* by what the attempt before met */
     uint64_t refused[RIC_MR_MAX];
     uint64_t idem[RIC_MI_MAX];
+    uint64_t hedges[RIC_MH_MAX];
     uint64_t tls[RIC_TLS_RESULTS];       /* a server's entry only */
 } __attribute__((aligned(64))) ric_route_shard_t;
 
@@ -74,6 +83,7 @@ typedef struct {
 typedef struct {
     uint64_t attempts[RIC_MC_MAX];
     uint64_t retries;
+    uint64_t hedges;     /* attempts that were hedges (neither a request's first nor a retry) */
     ric_hist_t response; /* attempts that got a response head: until its end */
 } __attribute__((aligned(64))) ric_upstream_shard_t;
 
@@ -174,6 +184,9 @@ void ric_metrics_request(ric_route_metrics_t *m, int status, int64_t duration_us
 void ric_metrics_attempt(ric_route_metrics_t *rm, ric_upstream_metrics_t *um, ric_mclass_t cls,
                          int64_t response_us, int retry_of, int64_t wait_us);
 
+/* A hedge ended (or was refused): outcome is RIC_MH_*. */
+void ric_metrics_hedge(ric_route_metrics_t *rm, ric_upstream_metrics_t *um, int outcome);
+
 /* What an attempt met, from its retry class (retry.h) and status; tls: a
  * connect error in the TLS handshake. */
 ric_mclass_t ric_metrics_class(unsigned class, int status, int tls);
@@ -203,6 +216,7 @@ void ric_metrics_upstream_sum(const ric_upstream_metrics_t *m, ric_upstream_shar
 const char *ric_metrics_class_name(ric_mclass_t c);
 const char *ric_metrics_refusal_name(int why);
 const char *ric_metrics_idem_name(int what);
+const char *ric_metrics_hedge_name(int outcome);
 const char *ric_metrics_tls_name(int result);
 const char *ric_metrics_conn_state_name(int state);
 

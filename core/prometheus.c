@@ -152,7 +152,7 @@ route_retries(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
         return;
     }
     for (c = 0; c < RIC_MC_MAX; c++) {
-        if (c != RIC_MC_OK && c != RIC_MC_CUT && c != RIC_MC_CLIENT_BODY) {
+        if (c != RIC_MC_OK && c != RIC_MC_CUT && c != RIC_MC_CLIENT_BODY && c != RIC_MC_CANCELLED) {
             ric_buf_printf(b, "ricochet_retries_total{route=\"%s\",reason=\"%s\"} %llu\n", route,
                  ric_metrics_class_name(c), (unsigned long long) sum->retries[c]);
         }
@@ -177,6 +177,21 @@ route_refused(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
             ric_buf_printf(b, "ricochet_retry_refused_total{route=\"%s\",why=\"%s\"} %llu\n", route,
                  ric_metrics_refusal_name(w), (unsigned long long) sum->refused[w]);
         }
+    }
+}
+
+static void
+route_hedges(ric_buf_t *b, const char *route, const ric_location_conf_t *l,
+             const ric_route_shard_t *sum)
+{
+    int o;
+
+    if (l == NULL || l->upstream == NULL) {
+        return;
+    }
+    for (o = 0; o < RIC_MH_MAX; o++) {
+        ric_buf_printf(b, "ricochet_hedges_total{route=\"%s\",outcome=\"%s\"} %llu\n", route,
+             ric_metrics_hedge_name(o), (unsigned long long) sum->hedges[o]);
     }
 }
 
@@ -378,6 +393,10 @@ ric_prometheus_write(const ric_conf_t *conf, ric_buf_t *b)
     family(b, "ricochet_retry_wait_seconds", "histogram",
            "The wait before each retry (backoff, Retry-After, the budget), by route.");
     each_route(conf, b, route_wait);
+    family(b, "ricochet_hedges_total", "counter",
+           "Hedges (retry_hedge), by route and how each ended: won, lost, failed, or refused by "
+           "the retry budget.");
+    each_route(conf, b, route_hedges);
     upstreams(conf, b);
     stores(conf, b);
     family(b, "ricochet_script_errors_total", "counter",

@@ -1061,6 +1061,10 @@ ric_script_log_cleanup(void *data)
         lua_pushstring(L, e->reason);
         lua_setfield(L, -2, "reason");
     }
+    if (e->hedge != NULL) {
+        lua_pushstring(L, e->hedge);
+        lua_setfield(L, -2, "hedge");
+    }
     lua_createtable(L, e->nattempts, 0);
     for (i = 0; i < e->nattempts; i++) {
         const ric_attempt_record_t *a = &e->attempts[i];
@@ -1082,6 +1086,10 @@ ric_script_log_cleanup(void *data)
         if (a->regime != NULL) {
             lua_pushstring(L, a->regime);
             lua_setfield(L, -2, "regime");
+        }
+        if (a->hedge) {
+            lua_pushboolean(L, 1);
+            lua_setfield(L, -2, "hedge");
         }
         lua_rawseti(L, -2, i + 1);
     }

@@ -54,9 +54,10 @@ upstream_point(ric_status_point_t *p, const ric_upstream_conf_t *u, int64_t now)
     ric_metrics_upstream_sum(u->metrics, &sum);
     p->attempts = total(sum.attempts, RIC_MC_MAX);
     p->retries = sum.retries;
-    p->requests = p->attempts - p->retries;
+    p->requests = p->attempts - p->retries - sum.hedges;
     p->errors = p->attempts - sum.attempts[RIC_MC_OK] - sum.attempts[RIC_MC_4XX]
-                - sum.attempts[RIC_MC_CUT] - sum.attempts[RIC_MC_CLIENT_BODY];
+                - sum.attempts[RIC_MC_CUT] - sum.attempts[RIC_MC_CLIENT_BODY]
+                - sum.attempts[RIC_MC_CANCELLED];
     if (u->budget_state != NULL) {
         p->tokens_milli = ric_budget_tokens(&b);
         p->waits = (uint64_t) u->budget_state->waits;

@@ -2,6 +2,7 @@
 #include "upstream.h"
 #include "log.h"
 #include "tls.h"
+#include "hedge.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -52,6 +53,11 @@ ric_upstream_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
         if (created) {
             ric_budget_reset(u->budget_state, u->budget);
         }
+        snprintf(name, sizeof(name), "hedge:%s", u->name);
+        u->hedge_state = ric_shm_entry(zone, name, sizeof(ric_hedge_state_t), &created);
+        if (u->hedge_state == NULL) {
+            goto full;
+        }
         for (s = u->servers; s; s = s->next) {
             /* the same address listed twice is two servers */
             for (dup = 0, t = u->servers; t != s; t = t->next) {
@@ -101,6 +107,7 @@ ric_upstream_init_all(ric_conf_t *conf, struct event_base *base)
         u->base = base;
         u->budget.conf = uc->budget;
         u->budget.st = uc->budget_state;
+        u->hedge = uc->hedge_state;
         u->peers = ric_xcalloc((size_t) uc->nservers, sizeof(ric_peer_t));
         for (i = 0, s = uc->servers; s && i < uc->nservers; s = s->next, i++) {
             u->peers[i].conf = s;

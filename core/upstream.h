@@ -62,11 +62,13 @@ struct ric_upstream_s {
     int nidle;
     struct event_base *base;
     ric_budget_t budget; /* its rule and its state in the shared zone */
+    struct ric_hedge_state_s *hedge; /* retry_hedge auto's p95 (hedge.h), in the shared zone */
 };
 
 /* The master, before it forks: gives every upstream's budget and every
  * server's health an entry in zone ("budget:NAME", "peer:NAME:ADDR"),
- * fresh when new, kept when the name was there already. RIC_ERROR with
+ * fresh when new, kept when the name was there already; and the p95 of its
+ * response times ("hedge:NAME", hedge.h). RIC_ERROR with
  * err set when the zone is full. */
 int ric_upstream_share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen);
 

@@ -441,6 +441,8 @@ end
             local doc1, seq1 = check(page())
             local pay = by(doc1.routes, "route", "127.0.0.1:" .. gw.port .. " /pay/")
             assert.truthy(pay.idempotency.replayed > 0)
+            -- the master samples once a second: the second look comes after a newer sample exists
+            assert.truthy(sample_after(gw, seq1), "the master took no newer sample")
             local doc2, seq2 = check(page())
             assert.truthy(seq2 > seq1, "the second page load showed no newer sample")
             assert.truthy(by(doc2.upstreams, "name", "web").requests > by(doc1.upstreams, "name", "web").requests)

@@ -298,6 +298,46 @@ test_off(void)
 }
 
 static void
+test_hedge(void)
+{
+    budget_t t;
+    ric_budget_t *b = adaptive(&t, 100, 5000);
+    int64_t paid = -1;
+    int i;
+
+    UNIT_CASE("a hedge pays one token at once, and a win gives it back");
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 1000, &paid), 1);
+    UNIT_CHECK_INT(paid, RIC_BUDGET_COST);
+    UNIT_CHECK_INT(ric_budget_tokens(b), RIC_BUDGET_START - RIC_BUDGET_COST);
+    ric_budget_outcome(b, 0, paid, 1000);
+    UNIT_CHECK_INT(ric_budget_tokens(b), RIC_BUDGET_START + RIC_BUDGET_EARN);
+
+    UNIT_CASE("lost hedges drain the bucket; then none, never a wait or a probe, and no retry refused");
+    for (i = 0; i < 10; i++) {
+        UNIT_CHECK_INT(ric_budget_take_hedge(b, 1000, &paid), 1);
+    }
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 1000, &paid), 0); /* half a token left */
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 200000, &paid), 0); /* a probe would be due: none */
+    UNIT_CHECK_INT(t.st.refused, 0);
+    UNIT_CHECK_INT(t.st.waits, 0);
+    UNIT_CHECK_INT(t.st.granted, 0);
+
+    UNIT_CASE("the ratio form: a hedge is one of its retries");
+    b = ratio(&t, 0.2, 0);
+    requests(b, 10, 1000);
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 1500, &paid), 1);
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 1500, &paid), 1);
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 1500, &paid), 0);
+    UNIT_CHECK_INT(ric_budget_take(b, RIC_BUDGET_COST, 1500, 1, NULL), RIC_BUDGET_REFUSED);
+
+    UNIT_CASE("off: every hedge");
+    b = adaptive(&t, 1, 5000);
+    t.conf.kind = RIC_BUDGET_OFF;
+    UNIT_CHECK_INT(ric_budget_take_hedge(b, 0, &paid), 1);
+    UNIT_CHECK_INT(paid, 0);
+}
+
+static void
 test_ratio(void)
 {
     budget_t t;
@@ -537,6 +577,7 @@ main(void)
     test_backoff_regime();
     test_adaptive();
     test_off();
+    test_hedge();
     test_ratio();
     test_minimum();
     test_window();
