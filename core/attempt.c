@@ -342,8 +342,20 @@ on_hedge_time(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
+    struct timeval tv;
+    int64_t early_us;
+
     if (first == NULL || first->number != 1 || a->racing != NULL || r->responding
         || first->client.state > RIC_HTTP1_HEAD || now >= r->deadline_ms) {
+        return;
+    }
+    /* the loop's timers run on a cached, coarse clock and may fire a
+     * millisecond or two early: a hedge never goes before its delay */
+    early_us = a->hedge_after_ms * 1000 - (ric_now_us() - first->start_us);
+    if (early_us > 0) {
+        tv.tv_sec = 0;
+        tv.tv_usec = (suseconds_t) ric_min(early_us + 100, (int64_t) 999999);
+        event_add(&a->hedge_timer, &tv);
         return;
     }
     if (!ric_budget_take_hedge(&r->up->budget, now, &paid)) {
@@ -545,9 +557,11 @@ record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass
                         status != 0 ? took : -1, u->number > 1 && !u->hedge ? (int) a->last_mc : -1,
                         u->wait_us);
     if (r->settings->retry_hedge == RIC_HEDGE_AUTO
-        && (status != 0 || mc == RIC_MC_TIMEOUT || mc == RIC_MC_CANCELLED)) {
-        /* how long the upstream takes to answer: a cancelled or timed-out
-         * attempt took at least this long */
+        && (status != 0 || (!u->hedge && (mc == RIC_MC_TIMEOUT || mc == RIC_MC_CANCELLED)))) {
+        /* how long the upstream takes to answer: a timed-out attempt, or a
+         * first one cancelled for its hedge, took at least this long (it
+         * had run past the hedge's delay). A cancelled hedge says nothing:
+         * it ran only as long as the first took beyond that delay. */
         ric_hedge_observe(r->up->hedge, took);
     }
     if (u->hedge) {

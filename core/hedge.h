@@ -20,10 +20,13 @@
  *   - the p95 is the upper bound of the bucket where 95% is reached, so a
  *     hedge goes a little after it, never before;
  *   - with fewer than RIC_HEDGE_MIN_SAMPLES observations, no estimate.
- * An attempt that the other of its pair beat is observed with the time it
- * had run when it was cancelled: it took at least that long. So once the
- * hedges work, the slow answers they cut short stay near the hedge's
- * delay instead of pushing the p95 up to themselves.
+ * A first attempt that its hedge beat is observed with the time it had
+ * run when it was cancelled: it took at least that long (longer than the
+ * hedge's delay). So once the hedges work, the slow answers they cut short
+ * stay near the delay instead of pushing the p95 up to themselves. A hedge
+ * is observed only when it answered: a cancelled one ran only as long as
+ * the first took beyond the delay, and counting that would pull the p95
+ * down, and hedge more, without end.
  */
 #define RIC_HEDGE_BUCKETS 82
 #define RIC_HEDGE_WINDOW 512

@@ -15,6 +15,10 @@
 --                                          (conns: connections accepted since arming)
 -- Control requests are not hits. 30% random 503s: p=0.3; a brownout from 1.25 s to 2.75 s:
 -- p=1&from=1.25&to=2.75; an outage: p=1.
+-- Slow answers: with slow=S&slow_ms=MS&fast_ms=F (arming parameters, defaults 0, 1000, 0) a 200
+-- is sent after MS milliseconds with probability S, else after F; an answer waiting when its
+-- connection closes is never sent (and counted as dropped=N in the stats). 5% of answers taking
+-- 1 s, the rest 5 ms: slow=0.05&slow_ms=1000&fast_ms=5. Answers on one connection keep their order.
 local ffi = require("ffi")
 local bit = require("bit")
 local C = ffi.C
@@ -84,26 +88,31 @@ local BAD = response(400, "Bad Request", "bad request\n")
 
 -- the fault and the counters
 local p, from, to, armed = 0, 0, math.huge, now()
-local hits, oks, fails, accepted = 0, 0, 0, 0
+local slow, slow_s, fast_s = 0, 1, 0
+local hits, oks, fails, accepted, dropped = 0, 0, 0, 0, 0
 math.randomseed(seed)
 local random = math.random
 
 local function stats()
-    return ("hits=%d ok=%d failed=%d conns=%d elapsed=%.3f\n"):format(hits, oks, fails, accepted, now() - armed)
+    return ("hits=%d ok=%d failed=%d conns=%d elapsed=%.3f dropped=%d\n"):format(hits, oks, fails, accepted,
+        now() - armed, dropped)
 end
 
 local function control(target)
     local path, query = target:match("^([^?]*)%??(.*)$")
     if path == "/__fault/arm" then
-        local np, nfrom, nto = 0, 0, math.huge
+        local np, nfrom, nto, nslow, nslow_ms, nfast_ms = 0, 0, math.huge, 0, 1000, 0
         for k, v in query:gmatch("([^&=]+)=([^&]*)") do
             local n = tonumber(v)
             if not n then return response(400, "Bad Request", "bad value for " .. k .. "\n") end
             if k == "p" then np = n elseif k == "from" then nfrom = n elseif k == "to" then nto = n
+            elseif k == "slow" then nslow = n elseif k == "slow_ms" then nslow_ms = n
+            elseif k == "fast_ms" then nfast_ms = n
             else return response(400, "Bad Request", "unknown parameter " .. k .. "\n") end
         end
         p, from, to = np, nfrom, nto
-        hits, oks, fails, accepted = 0, 0, 0, 0
+        slow, slow_s, fast_s = nslow, nslow_ms / 1000, nfast_ms / 1000
+        hits, oks, fails, accepted, dropped = 0, 0, 0, 0, 0
         armed = now()
         return response(200, "OK", stats())
     elseif path == "/__fault/stats" then
@@ -122,7 +131,8 @@ local function answer()
         end
     end
     oks = oks + 1
-    return OK
+    if slow > 0 and random() < slow then return OK, slow_s end
+    return OK, fast_s
 end
 
 -- listening socket
@@ -152,7 +162,14 @@ ctl(EPOLL_CTL_ADD, lfd, EPOLLIN)
 
 local conns = {} -- fd -> { buf = unread bytes, out = unsent bytes or nil, closing = bool }
 
+-- Connections with answers waiting to be sent (slow=, fast_ms=): fd -> true. Each one's c.later is
+-- a queue of { due = time, data = bytes }, sent in order.
+local waiting = {}
+
 local function drop(fd)
+    local c = conns[fd]
+    if c and c.later then dropped = dropped + #c.later end
+    waiting[fd] = nil
     ctl(EPOLL_CTL_DEL, fd, 0)
     C.close(fd)
     conns[fd] = nil
@@ -181,7 +198,8 @@ local function flush(fd, c)
     return not c.closing
 end
 
--- Answers every whole request in c.buf (pipelining allowed).
+-- Answers every whole request in c.buf (pipelining allowed); an answer with a delay, and every one
+-- after it on the connection, goes to c.later.
 local function serve(c)
     local buf, replies = c.buf, {}
     while true do
@@ -208,7 +226,15 @@ local function serve(c)
         if target:sub(1, 9) == "/__fault/" then
             replies[#replies + 1] = control(target)
         else
-            replies[#replies + 1] = answer()
+            local reply, delay = answer()
+            if (delay and delay > 0) or c.later then
+                c.later = c.later or {}
+                c.later[#c.later + 1] = { due = now() + (delay or 0), data = table.concat(replies) .. reply }
+                replies = {}
+                waiting[c.fd] = true
+            else
+                replies[#replies + 1] = reply
+            end
         end
         if head:find("[Cc]lose\r\n") and head:lower():find("\r\nconnection:[^\r]*close") then
             c.closing = true; buf = ""
@@ -228,8 +254,30 @@ local events = ffi.new("fs_epoll_event[?]", MAX_EVENTS)
 io.stdout:write("listening 127.0.0.1:", bound, "\n")
 io.stdout:flush()
 
+-- Sends the waiting answers that are due; returns the ms until the next one (-1: none waits).
+local function release()
+    local t, next_due = now(), nil
+    for fd in pairs(waiting) do
+        local c = conns[fd]
+        local q = c and c.later
+        while q and #q > 0 and q[1].due <= t do
+            c.out = c.out .. table.remove(q, 1).data
+        end
+        if c and #c.out > 0 and not c.waiting and not flush(fd, c) and #q == 0 then
+            drop(fd) -- a write failed, or the last answer before a close went
+        elseif q and #q == 0 then
+            c.later = nil
+            waiting[fd] = nil
+        elseif q then
+            next_due = next_due and math.min(next_due, q[1].due) or q[1].due
+        end
+    end
+    if not next_due then return -1 end
+    return math.max(0, math.ceil((next_due - t) * 1000))
+end
+
 while true do
-    local n = C.epoll_wait(ep, events, MAX_EVENTS, -1)
+    local n = C.epoll_wait(ep, events, MAX_EVENTS, next(waiting) and release() or -1)
     if n < 0 and ffi.errno() ~= EINTR then fail("epoll_wait") end
     for i = 0, n - 1 do
         local fd = tonumber(events[i].data)
@@ -240,7 +288,7 @@ while true do
                 if cfd < 0 then break end
                 accepted = accepted + 1
                 C.setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, one, 4)
-                conns[cfd] = { buf = "", out = "", closing = false, waiting = false }
+                conns[cfd] = { fd = cfd, buf = "", out = "", closing = false, waiting = false }
                 ctl(EPOLL_CTL_ADD, cfd, EPOLLIN)
             end
         else
@@ -254,7 +302,7 @@ while true do
                     if got > 0 then
                         c.buf = c.buf .. ffi.string(rbuf, got)
                         c.out = c.out .. serve(c)
-                        if not flush(fd, c) then drop(fd) end
+                        if not flush(fd, c) and not c.later then drop(fd) end
                     elseif got == 0 or (ffi.errno() ~= EAGAIN and ffi.errno() ~= EINTR) then
                         drop(fd)
                     end

@@ -1,9 +1,10 @@
 #!/bin/sh
 # faults.sh: the retry benchmark. Three reverse proxies, one worker each, all
 # making at most 4 attempts per request (3 retries), in front of the same
-# fault-injecting upstream (contrib/bench/fault_server.lua), through four
+# fault-injecting upstream (contrib/bench/fault_server.lua), through five
 # scenarios: no faults (the sanity baseline), 30% random 503s, a brownout
-# (every answer 503 from 1.25 s to 2.75 s of a 4 s run) and a full outage.
+# (every answer 503 from 1.25 s to 2.75 s of a 4 s run), a full outage, and
+# slow answers (5% of answers take 1 s, the rest 5 ms: hedging's case).
 # Each proxy gets two runs per scenario: closed loop (wrk: a fixed number of
 # connections, each sending its next request when the last is answered) and
 # open loop (build/openloop, contrib/bench/openloop.c: a fixed arrival rate,
@@ -19,10 +20,13 @@
 # FAULTS_OPEN_RATE (openloop's requests/s, 1000), FAULTS_ROUNDS (1; more adds
 # a summary over rounds), FAULTS_RATE (failure probability of the random
 # scenario, 0.3), FAULTS_BROWNOUT ("1.25 2.75": from and to, seconds into the
-# run), FAULTS_SCENARIOS ("baseline random brownout outage"), FAULTS_PROXIES
-# ("nginx haproxy ricochet ricochet-short ricochet-ratio"),
+# run), FAULTS_SLOW ("0.05 1000 5": the share of slow answers, their time and
+# the others' time in ms), FAULTS_SCENARIOS ("baseline random brownout outage
+# slow"), FAULTS_PROXIES ("nginx haproxy ricochet ricochet-short
+# ricochet-ratio ricochet-hedge"),
 # FAULTS_SHORT_BACKOFF (the retry_backoff of ricochet-short, "10ms 100ms"),
 # FAULTS_RATIO_BUDGET (the retry_budget of ricochet-ratio, "20% min=10/s"),
+# FAULTS_HEDGE (the retry_hedge of ricochet-hedge, "auto"),
 # RICOCHET_BIN (build/ricochet), OPENLOOP_BIN (build/openloop), BENCH_KEEP=1
 # (keep the temp dir: configs, logs, wrk and openloop output).
 # POSIX sh: it runs under dash.
@@ -41,10 +45,12 @@ OPEN_RATE=${FAULTS_OPEN_RATE:-1000}
 ROUNDS=${FAULTS_ROUNDS:-1}
 RATE=${FAULTS_RATE:-0.3}
 BROWNOUT=${FAULTS_BROWNOUT:-1.25 2.75}
-SCENARIOS=${FAULTS_SCENARIOS:-baseline random brownout outage}
-PROXIES=${FAULTS_PROXIES:-nginx haproxy ricochet ricochet-short ricochet-ratio}
+SLOW=${FAULTS_SLOW:-0.05 1000 5}
+SCENARIOS=${FAULTS_SCENARIOS:-baseline random brownout outage slow}
+PROXIES=${FAULTS_PROXIES:-nginx haproxy ricochet ricochet-short ricochet-ratio ricochet-hedge}
 SHORT_BACKOFF=${FAULTS_SHORT_BACKOFF:-10ms 100ms}
 RATIO_BUDGET=${FAULTS_RATIO_BUDGET:-20% min=10/s}
+HEDGE=${FAULTS_HEDGE:-auto}
 ATTEMPTS=4 # every proxy: 4 attempts in total = 3 retries
 TIMEOUT=30 # s: wrk's --timeout, openloop's -t
 
@@ -61,12 +67,16 @@ set -f # the knobs are word lists, never patterns
 set -- $BROWNOUT
 [ $# -eq 2 ] || die "FAULTS_BROWNOUT wants two numbers: from and to (seconds)"
 brown_from=$1 brown_to=$2
+# shellcheck disable=SC2086
+set -- $SLOW
+[ $# -eq 3 ] || die "FAULTS_SLOW wants three numbers: the share of slow answers, their ms, the others' ms"
+slow_share=$1 slow_ms=$2 fast_ms=$3
 for s in $SCENARIOS; do
-    case "$s" in baseline | random | brownout | outage) ;; *) die "unknown scenario $s" ;; esac
+    case "$s" in baseline | random | brownout | outage | slow) ;; *) die "unknown scenario $s" ;; esac
 done
 for p in $PROXIES; do
     case "$p" in
-    nginx | haproxy | ricochet | ricochet-short | ricochet-ratio) ;;
+    nginx | haproxy | ricochet | ricochet-short | ricochet-ratio | ricochet-hedge) ;;
     ricochet-budget) die "ricochet-budget is now ricochet-ratio (its retry_budget: FAULTS_RATIO_BUDGET)" ;;
     *) die "unknown proxy $p" ;;
     esac
@@ -81,6 +91,7 @@ fault_of() {
     random) echo "p=$RATE" ;;
     brownout) echo "p=1&from=$brown_from&to=$brown_to" ;;
     outage) echo "p=1" ;;
+    slow) echo "p=0&slow=$slow_share&slow_ms=$slow_ms&fast_ms=$fast_ms" ;;
     esac
 }
 
@@ -152,6 +163,7 @@ CONF
         variant=""
         [ "$1" = ricochet-short ] && variant="retry_backoff $SHORT_BACKOFF;"
         [ "$1" = ricochet-ratio ] && variant="retry_budget $RATIO_BUDGET;"
+        [ "$1" = ricochet-hedge ] && variant="retry_hedge $HEDGE;"
         cat > "$3/ricochet.conf" <<CONF
 worker_processes 1;
 error_log stderr error;
@@ -314,7 +326,9 @@ echo "  nginx: proxy_next_upstream error timeout http_503; proxy_next_upstream_t
 echo "  haproxy: retries $((ATTEMPTS - 1)); retry-on 503 conn-failure empty-response response-timeout"
 echo "  ricochet: retry_attempts $ATTEMPTS; the rest this build's defaults (retry_backoff $(default_of retry_backoff), retry_timeout $(default_of retry_timeout), retry_budget $(default_of retry_budget))"
 echo "  ricochet-short: the same with retry_backoff $SHORT_BACKOFF; ricochet-ratio: the same with retry_budget $RATIO_BUDGET"
-echo "scenarios: baseline (no faults), random ($RATE of upstream answers 503), brownout (all 503 from ${brown_from}s to ${brown_to}s), outage (all 503)"
+echo "  ricochet-hedge: the same with retry_hedge $HEDGE (nginx and HAProxy have no hedging)"
+echo "scenarios: baseline (no faults), random ($RATE of upstream answers 503), brownout (all 503 from ${brown_from}s to ${brown_to}s), outage (all 503),"
+echo "  slow ($slow_share of answers take ${slow_ms} ms, the rest ${fast_ms} ms; all 200)"
 echo "each run: fresh proxy, freshly armed fault; $(nproc 2>/dev/null || echo '?') CPUs shared by the load generator, proxy and upstream"
 echo "  closed loop: wrk -t$THREADS -c$CONNS -d${DURATION}s --timeout ${TIMEOUT}s --latency (each connection sends when its last answer is in)"
 [ "$OPEN" = 1 ] &&
@@ -367,8 +381,9 @@ fi
 
 # The baseline must be clean, in both loops: every proxy 100% and one attempt
 # per request (in-flight requests when wrk stops may add a few hits;
-# openloop waits for every answer).
-bad=$(awk '$1 == "baseline" && ($5 != $6 || $7 < $4 || $7 > $4 * 1.01 + 25) { print $2 " (" $3 " loop)" }' "$dir/results")
+# openloop waits for every answer). ricochet-hedge hedges what is slower than
+# the upstream's p95 (never sooner than 1 ms): up to 10% more attempts there.
+bad=$(awk '$1 == "baseline" && ($5 != $6 || $7 < $4 || $7 > $4 * ($2 == "ricochet-hedge" ? 1.10 : 1.01) + 25) { print $2 " (" $3 " loop)" }' "$dir/results")
 if [ -n "$bad" ]; then
     echo
     echo "bench: the baseline (no faults) is not clean for: $bad (want 100% success and 1.00 attempts/request)" >&2

@@ -129,8 +129,8 @@ uniform(void)
  * 5 ms (plus up to 1 ms of noise). Each request's first attempt is hedged
  * after the current p95 (none while there is no estimate); the hedge is
  * an answer of the same kind; the first to answer wins and the other is
- * observed with the time it had run when cancelled (the attempt-done
- * entry's rule). The estimate must settle on the fast answers, so that
+ * observed with the time it had run when cancelled, a hedge only when it
+ * answered (the attempt-done entry's rule). The estimate must settle on the fast answers, so that
  * nearly every slow answer is hedged soon after 5 ms, whatever the
  * fraction of slow ones a window happens to hold.
  */
@@ -153,8 +153,10 @@ test_hedged_bimodal(void)
             hedges++;
             hedge = (uniform() < 0.05 ? 1000000 : 5000) + (int64_t) (uniform() * 1000);
             won = d + hedge < first ? d + hedge : first;
-            ric_hedge_observe(&st, won == first ? first : won); /* the first: answered, or cut at won */
-            ric_hedge_observe(&st, won == first ? won - d : hedge);
+            ric_hedge_observe(&st, won); /* the first: answered, or cancelled at won */
+            if (won != first) {
+                ric_hedge_observe(&st, hedge); /* a hedge only when it answered */
+            }
         }
         if (i > 1000) {
             late += won > 100000;
@@ -170,6 +172,41 @@ test_hedged_bimodal(void)
     }
 }
 
+/* A healthy upstream whose answers spread from 5 to 7 ms: hedging at its
+ * own p95 must not feed on itself (the cancelled hedges, had they been
+ * counted with the little time they ran, would pull the p95 down and
+ * hedge ever more). About 5% hedged, as the p95 says. */
+static void
+test_hedged_spread(void)
+{
+    ric_hedge_state_t st;
+    int64_t d, first, hedge, hedges = 0;
+    int i, n = 100000;
+
+    UNIT_CASE("a spread of answers: hedging at the p95 hedges about 5%, no more");
+    memset(&st, 0, sizeof(st));
+    for (i = 0; i < n; i++) {
+        first = 5000 + (int64_t) (uniform() * 2000);
+        d = ric_hedge_p95_us(&st);
+        if (d < 0 || first <= d) {
+            ric_hedge_observe(&st, first);
+            continue;
+        }
+        hedges++;
+        hedge = 5000 + (int64_t) (uniform() * 2000);
+        if (d + hedge < first) {
+            ric_hedge_observe(&st, d + hedge); /* the first, cancelled */
+            ric_hedge_observe(&st, hedge);
+        } else {
+            ric_hedge_observe(&st, first); /* the hedge, cancelled: not counted */
+        }
+    }
+    UNIT_CHECK(hedges * 100 <= (int64_t) n * 7);
+    if (hedges * 100 > (int64_t) n * 7) {
+        fprintf(stderr, "    hedges=%lld of %d\n", (long long) hedges, n);
+    }
+}
+
 int
 main(void)
 {
@@ -177,5 +214,6 @@ main(void)
     test_quantile();
     test_decay();
     test_hedged_bimodal();
+    test_hedged_spread();
     return UNIT_DONE("hedge");
 }
