@@ -250,6 +250,9 @@ main(int argc, char **argv)
         ric_conf_free(conf);
         return 1;
     }
+    /* from the first bound socket a client may connect and an operator
+     * signal: the master's signals wait, pending, until its loop takes them */
+    ric_process_hold_signals();
     if (ric_process_generation(conf, zone, err, sizeof(err)) != RIC_OK) {
         ric_log_error(RIC_LOG_EMERG, 0, "%s", err); /* on stderr too, at start-up */
         ric_shm_destroy(zone);

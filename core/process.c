@@ -899,6 +899,16 @@ mark_ready(master_t *m, pid_t pid)
     }
 }
 
+void
+ric_process_hold_signals(void)
+{
+    sigset_t set;
+
+    master_signals(&set);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
 int
 ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric_shm_t *zone,
                    char *const *argv)
@@ -927,9 +937,8 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     m.slots = ric_xcalloc((size_t) m.n, sizeof(worker_slot_t));
     close_unused(conf); /* sockets an upgrade handed over that this config does not name */
     snprintf(pid_path, sizeof(pid_path), "%s", conf->pid_path);
+    ric_process_hold_signals();
     master_signals(&set);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     if (conf->daemon && m.old_master == 0 && daemonize() != RIC_OK) {
         free(m.slots);

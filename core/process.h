@@ -44,6 +44,11 @@ size_t ric_process_zone_size(const ric_conf_t *conf);
  * workers serve, this master drains and exits), and handles signals until
  * told to stop. *confp is the generation serving at the end. Returns the
  * exit code. */
+/* Blocks the master's signals (reload, stop, the workers' word): they stay
+ * pending until ric_process_master's loop takes them, so one sent as soon
+ * as the listening sockets accept is acted on, not fatal. */
+void ric_process_hold_signals(void);
+
 int ric_process_master(ric_conf_t **confp, const char *prefix, const char *file,
                        struct ric_shm_s *zone, char *const *argv);
 
