@@ -58,6 +58,24 @@ bench_cleanup() {
     fi
 }
 
+# A CA and a certificate for localhost and 127.0.0.1 (ECDSA P-256) in $dir:
+# ca.pem, leaf.pem and leaf.key (readable by nginx's worker user), and
+# combined.pem (HAProxy's crt: the certificate, then its key).
+make_certs() {
+    (
+        cd "$dir"
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
+            -out ca.pem -days 1 -subj "/CN=bench CA" 2> /dev/null
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout leaf.key \
+            -out leaf.csr -subj "/CN=localhost" 2> /dev/null
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > ext.cnf
+        openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem \
+            -days 1 -extfile ext.cnf 2> /dev/null
+        cat leaf.pem leaf.key > combined.pem
+        chmod 644 leaf.key
+    ) || die "openssl could not make the certificates"
+}
+
 # Prints N distinct free ports on 127.0.0.1: all bound at once, then released.
 free_ports() { # n
     luajit -e '

@@ -2,9 +2,15 @@
 # run.sh: the proxy benchmark. wrk drives three reverse proxies, one worker
 # each, all in front of the same upstream (an nginx serving a 1 KiB and a
 # 64 KiB file): nginx `proxy_pass`, HAProxy in http mode, and ricochet. Rounds
-# are interleaved so every proxy sees the same machine; prints a table.
+# are interleaved so every proxy sees the same machine; prints a table of
+# requests/s, p99 and the proxy worker's CPU time a request (its run time from
+# /proc/PID/schedstat over the run, over the requests wrk completed), each
+# also as a ratio to nginx's. The scenarios: 1k and 64k with keep-alive,
+# 1k-close and 64k-close (`Connection: close`: a new client connection a
+# request), tls-1k and tls-64k (keep-alive over TLS the proxy terminates: the
+# same ECDSA P-256 certificate, TLSv1.2 and 1.3, plain HTTP to the upstream).
 #
-# knobs: BENCH_DURATION (s per run, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS
+# knobs: BENCH_SCENARIOS (the list above, in that order), BENCH_DURATION (s per run, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS
 # (50), BENCH_THREADS (1), BENCH_WARMUP (s per proxy and size, 1; 0 skips),
 # BENCH_STRACE=1 (after the table, count each proxy worker's system calls per
 # request with `strace -c` during a BENCH_STRACE_DURATION (3) s wrk run),
@@ -33,6 +39,7 @@ SCRIPTS=${BENCH_SCRIPTS:-1}
 PROXIES="nginx haproxy ricochet"
 [ -n "$BASELINE" ] && PROXIES="$PROXIES ricochet0"
 SIZES="1k 64k"
+SCENARIOS=${BENCH_SCENARIOS:-1k 64k 1k-close 64k-close tls-1k tls-64k}
 # The script rows run at 1k only, each next to the row it adds to.
 SCRIPT_SIZE=1k
 SCRIPT_PROXIES="nginx nginx+lua haproxy ricochet ricochet+script"
@@ -46,15 +53,20 @@ NGX_LUA=/usr/lib/nginx/modules/ngx_http_lua_module.so
 ALL=$PROXIES
 [ "$SCRIPTS" = 1 ] && ALL=$SCRIPT_PROXIES
 
-# The proxies run at a size.
-proxies_at() { # size
+# The proxies run in a scenario: the script rows at SCRIPT_SIZE with keep-alive only.
+proxies_at() { # scenario
     if [ "$SCRIPTS" = 1 ] && [ "$1" = "$SCRIPT_SIZE" ]; then echo "$SCRIPT_PROXIES"; else echo "$PROXIES"; fi
+}
+
+# A scenario's file: 1k or 64k.
+size_of() { # scenario
+    case "$1" in *1k*) echo 1k ;; *64k*) echo 64k ;; *) die "unknown scenario $1" ;; esac
 }
 
 # die, need_tools, bench_tmpdir, free_ports, wait_port
 . contrib/bench/lib.sh
 
-need_tools wrk nginx haproxy luajit curl awk
+need_tools wrk nginx haproxy luajit curl awk openssl
 [ -x "$BIN" ] || die "$BIN is missing: run make first"
 [ -z "$BASELINE" ] || [ -x "$BASELINE" ] || die "RICOCHET_BASELINE=$BASELINE is not an executable"
 if [ "$SCRIPTS" = 1 ]; then
@@ -68,12 +80,14 @@ if [ "$PIN" = 1 ]; then
 fi
 
 bench_tmpdir
+make_certs
 
-# Seven distinct free ports: all bound at once, then released.
+# Eleven distinct free ports: all bound at once, then released.
 # shellcheck disable=SC2046
-set -- $(free_ports 7) || die "cannot pick free ports (luajit with lua-socket is needed)"
-[ $# -eq 7 ] || die "cannot pick free ports"
+set -- $(free_ports 11) || die "cannot pick free ports (luajit with lua-socket is needed)"
+[ $# -eq 11 ] || die "cannot pick free ports"
 uport=$1 nport=$2 hport=$3 rport=$4 bport=$5 nlport=$6 rsport=$7
+ntport=$8 htport=$9 rtport=${10} btport=${11} # the TLS-terminating listeners
 
 port_of() {
     case "$1" in
@@ -84,6 +98,23 @@ port_of() {
     ricochet0) echo "$bport" ;;
     nginx+lua) echo "$nlport" ;;
     ricochet+script) echo "$rsport" ;;
+    esac
+}
+
+tls_port_of() {
+    case "$1" in
+    nginx) echo "$ntport" ;;
+    haproxy) echo "$htport" ;;
+    ricochet) echo "$rtport" ;;
+    ricochet0) echo "$btport" ;;
+    esac
+}
+
+# The URL a proxy is driven at in a scenario.
+url_of() { # name scenario
+    case "$2" in
+    tls-*) echo "https://127.0.0.1:$(tls_port_of "$1")/$(size_of "$2")" ;;
+    *) echo "http://127.0.0.1:$(port_of "$1")/$(size_of "$2")" ;;
     esac
 }
 
@@ -151,6 +182,19 @@ http {
             proxy_set_header Connection "";
         }
     }
+    # the TLS listener (the tls-* scenarios)
+    server {
+        listen 127.0.0.1:$ntport ssl;
+        ssl_certificate $dir/leaf.pem;
+        ssl_certificate_key $dir/leaf.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_session_cache builtin;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
 }
 CONF
 $SRV_PIN nginx -p "$dir/nginx" -c "$dir/nginx/nginx.conf" 2> "$dir/nginx.err" &
@@ -162,7 +206,8 @@ if [ "$SCRIPTS" = 1 ]; then
     mkdir -p "$dir/nginx+lua/logs"
     { echo "load_module $NGX_NDK;"; echo "load_module $NGX_LUA;"; } > "$dir/nginx+lua/nginx.conf"
     # on_request: the header read, the key set; classify: the status compared
-    sed -e "s|$dir/nginx/|$dir/nginx+lua/|g" -e "s/127.0.0.1:$nport;/127.0.0.1:$nlport;/" \
+    sed -e '/# the TLS listener/,/^    }$/d' \
+        -e "s|$dir/nginx/|$dir/nginx+lua/|g" -e "s/127.0.0.1:$nport;/127.0.0.1:$nlport;/" \
         -e '/proxy_pass http:\/\/backend;/i\
             access_by_lua_block {\
                 local id = ngx.var.http_x_request_id or "none"\
@@ -186,6 +231,9 @@ fi
 frontend fe
     bind 127.0.0.1:$hport
     default_backend be
+frontend fe_tls
+    bind 127.0.0.1:$htport ssl crt $dir/combined.pem alpn http/1.1 ssl-min-ver TLSv1.2
+    default_backend be
 backend be
     server up1 127.0.0.1:$uport
 CONF
@@ -202,6 +250,7 @@ http {
     access_log off;
     upstream backend { server 127.0.0.1:$uport; keepalive 64; }
     server { listen 127.0.0.1:$rport; location / { proxy_pass http://backend; } }
+    server { listen 127.0.0.1:$rtport ssl; ssl_certificate $dir/leaf.pem; ssl_certificate_key $dir/leaf.key; location / { proxy_pass http://backend; } }
 }
 CONF
 $SRV_PIN "$BIN" -p "$dir" -c "$dir/ricochet.conf" 2> "$dir/ricochet.err" &
@@ -210,7 +259,8 @@ rpid=$!
 
 if [ -n "$BASELINE" ]; then
     mkdir -p "$dir/base"
-    sed "s/127.0.0.1:$rport;/127.0.0.1:$bport;/" "$dir/ricochet.conf" > "$dir/base/ricochet.conf"
+    sed -e "s/127.0.0.1:$rport;/127.0.0.1:$bport;/" -e "s/127.0.0.1:$rtport ssl;/127.0.0.1:$btport ssl;/" \
+        "$dir/ricochet.conf" > "$dir/base/ricochet.conf"
     $SRV_PIN "$BASELINE" -p "$dir/base" -c "$dir/base/ricochet.conf" 2> "$dir/ricochet0.err" &
     pids="$pids $!"
     bpid=$!
@@ -230,7 +280,7 @@ function route.classify(res, attempt)
 end
 return route
 LUA
-    sed -e "s/127.0.0.1:$rport;/127.0.0.1:$rsport;/" \
+    sed -e "/127.0.0.1:$rtport ssl;/d" -e "s/127.0.0.1:$rport;/127.0.0.1:$rsport;/" \
         -e 's|location / { proxy_pass|location / { script route.lua; proxy_pass|' \
         "$dir/ricochet.conf" > "$dir/script/ricochet.conf"
     grep -q 'script route.lua;' "$dir/script/ricochet.conf" || die "cannot add the script to ricochet's config"
@@ -267,12 +317,16 @@ hcurl() {
     if [ "$SCRIPTS" = 1 ]; then curl -H "$HEADER" "$@"; else curl "$@"; fi
 }
 
-# --- sanity: one request per proxy and size: 200 and the exact body length ---
-for size in $SIZES; do
-    for name in upstream $(proxies_at "$size"); do
-        url="http://127.0.0.1:$(port_of "$name")/$size"
+# --- sanity: one request per proxy and scenario: 200 and the exact body ---
+for scenario in $SCENARIOS; do
+    size=$(size_of "$scenario")
+    for name in upstream $(proxies_at "$scenario"); do
+        case "$name:$scenario" in
+        upstream:*) url="http://127.0.0.1:$uport/$size" ;;
+        *) url=$(url_of "$name" "$scenario") ;;
+        esac
         want=$(bytes_of "$size")
-        got=$(hcurl -sS -m 5 -o "$dir/body" -w '%{http_code} %{size_download}' "$url" 2> "$dir/curl.err") ||
+        got=$(hcurl -sS -m 5 --cacert "$dir/ca.pem" -o "$dir/body" -w '%{http_code} %{size_download}' "$url" 2> "$dir/curl.err") ||
             got="curl failed: $(cat "$dir/curl.err")"
         if [ "$got" != "200 $want" ] || ! cmp -s "$dir/body" "$dir/www/$size"; then
             echo "bench: sanity check failed: curl $url" >&2
@@ -330,25 +384,39 @@ check_alive() { # name
 
 # wrk prints "Requests/sec: N", with --latency "99% X{us,ms,s}", and on
 # trouble "Non-2xx or 3xx responses: N" and "Socket errors: connect N, ...".
-# -> "rps p99_ms errors" in $dir/last (not via $(...): a failure must end the script)
-# wrk_run NAME SIZE SECONDS: runs wrk into $dir/wrk.out; $cmd is its command line
+# -> "rps p99_ms errors cpu_us" in $dir/last (not via $(...): a failure must end the script)
+# wrk_run NAME SCENARIO SECONDS: runs wrk into $dir/wrk.out; $cmd is its command line
 wrk_run() {
-    url="http://127.0.0.1:$(port_of "$1")/$2"
+    url=$(url_of "$1" "$2")
     cmd="wrk -t$THREADS -c$CONNS -d${3}s --latency"
+    case "$2" in *-close) close=1 ;; *) close=0 ;; esac
     set -- "-t$THREADS" "-c$CONNS" "-d${3}s" --latency
     if [ "$SCRIPTS" = 1 ]; then
         set -- "$@" -H "$HEADER"
         cmd="$cmd -H \"$HEADER\""
+    fi
+    if [ "$close" = 1 ]; then
+        set -- "$@" -H "Connection: close"
+        cmd="$cmd -H \"Connection: close\""
     fi
     cmd="$cmd $url"
     # shellcheck disable=SC2086 # the pinning prefix splits on purpose
     $WRK_PIN wrk "$@" "$url" > "$dir/wrk.out" 2>&1
 }
 
-run_wrk() { # name size seconds
+# A process's time on a CPU so far, in ns (the first field of its schedstat).
+run_ns() { # pid
+    awk '{ print $1 }' "/proc/$1/schedstat"
+}
+
+run_wrk() { # name scenario seconds
+    rw_pid=$(worker_of "$1")
+    rw_ns=$(run_ns "$rw_pid")
     wrk_run "$@" || die "$cmd failed: $(cat "$dir/wrk.out")"
+    rw_ns=$(($(run_ns "$rw_pid") - rw_ns))
     check_alive "$1" "$cmd"
-    awk '
+    awk -v ns="$rw_ns" '
+    /requests in/ { reqs = $1 }
     /Requests\/sec/ { rps = $2 }
     $1 == "99%" {
         v = $2; u = v; sub(/^[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
@@ -357,13 +425,14 @@ run_wrk() { # name size seconds
     /Non-2xx or 3xx responses/ { err += $NF }
     /Socket errors/ { gsub(/,/, ""); err += $4 + $6 + $8 + $10 }
     END {
-        if (rps == "" || p99 == "") exit 1
-        printf "%s %.3f %d\n", rps, p99, err
+        if (rps == "" || p99 == "" || reqs + 0 == 0) exit 1
+        printf "%s %.3f %d %.2f\n", rps, p99, err, ns / 1000 / reqs
     }' "$dir/wrk.out" > "$dir/last" || die "cannot read wrk output of $cmd: $(cat "$dir/wrk.out")"
 }
 
 echo "upstream: nginx $(nginx -v 2>&1 | sed 's|.*/||'), 1 worker, static /1k (1024 B) and /64k (65536 B)"
 echo "proxies: nginx proxy_pass, $(haproxy -v | awk 'NR == 1 {print "HAProxy " $3}'), ricochet $("$BIN" -v 2>&1 | awk 'NR == 1 {print $NF}'); one worker each"
+echo "scenarios: $SCENARIOS (*-close: -H 'Connection: close'; tls-*: https to the proxy's TLS listener)"
 if [ "$SCRIPTS" = 1 ]; then
     echo "each run: wrk -t$THREADS -c$CONNS -d${DURATION}s --latency -H '$HEADER' http://127.0.0.1:PORT/{1k,64k}"
     echo "at $SCRIPT_SIZE also nginx+lua (lua-nginx-module $(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null | sed 's/^[0-9]*://; s/-[^-]*$//')) and ricochet+script: the same configs plus the same work in Lua"
@@ -378,32 +447,33 @@ fi
 echo
 
 if [ "$WARMUP" != 0 ]; then
-    for size in $SIZES; do
-        for name in $(proxies_at "$size"); do
-            run_wrk "$name" "$size" "$WARMUP"
+    for scenario in $SCENARIOS; do
+        for name in $(proxies_at "$scenario"); do
+            run_wrk "$name" "$scenario" "$WARMUP"
         done
     done
 fi
 
 : > "$dir/results"
-printf '%-6s %-5s %-15s %12s %10s %7s\n' round size proxy 'requests/s' 'p99 ms' errors
+printf '%-6s %-9s %-15s %12s %10s %7s %8s\n' round scenario proxy 'requests/s' 'p99 ms' errors 'cpu us'
 round=1
 while [ $round -le "$ROUNDS" ]; do
-    for size in $SIZES; do
-        for name in $(proxies_at "$size"); do
-            run_wrk "$name" "$size" "$DURATION"
-            read -r rps p99 errs < "$dir/last"
-            printf '%-6s %-5s %-15s %12s %10s %7s\n' "$round" "$size" "$name" "$rps" "$p99" "$errs"
-            echo "$size $name $rps $p99 $errs $round" >> "$dir/results"
+    for scenario in $SCENARIOS; do
+        for name in $(proxies_at "$scenario"); do
+            run_wrk "$name" "$scenario" "$DURATION"
+            read -r rps p99 errs cpu < "$dir/last"
+            printf '%-6s %-9s %-15s %12s %10s %7s %8s\n' "$round" "$scenario" "$name" "$rps" "$p99" "$errs" "$cpu"
+            echo "$scenario $name $rps $p99 $errs $round $cpu" >> "$dir/results"
         done
     done
     round=$((round + 1))
 done
 
 echo
-echo "summary: requests/s mean over $ROUNDS rounds, p99 median over rounds, ratio = requests/s / nginx's"
-awk -v sizes="$SIZES" -v proxies="$ALL" -v scripts="$SCRIPTS" -v ssize="$SCRIPT_SIZE" '
-{ k = $1 " " $2; n[k]++; sum[k] += $3; p[k, n[k]] = $4; err[k] += $5; r[k, $6] = $3; if ($6 > rounds) rounds = $6 }
+echo "summary: requests/s mean over $ROUNDS rounds, p99 median over rounds; cpu: the proxy worker's CPU time a"
+echo "request, mean over rounds; each ratio is to nginx's in the same scenario"
+awk -v sizes="$SCENARIOS" -v proxies="$ALL" -v scripts="$SCRIPTS" -v ssize="$SCRIPT_SIZE" '
+{ k = $1 " " $2; n[k]++; sum[k] += $3; p[k, n[k]] = $4; err[k] += $5; r[k, $6] = $3; cpu[k] += $7; if ($6 > rounds) rounds = $6 }
 # the mean requests/s of a script row over its plain row, and the same per round
 function ratio(a, b,    ka, kb, i, line) {
     ka = ssize " " a; kb = ssize " " b
@@ -419,15 +489,17 @@ function median(k,    i, j, t, a, m) {
     return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
 }
 END {
-    printf "%-9s %-15s %12s %10s %9s %7s\n", "scenario", "proxy", "requests/s", "p99 ms", "vs nginx", "errors"
+    printf "%-9s %-15s %12s %10s %9s %8s %9s %7s\n", "scenario", "proxy", "requests/s", "p99 ms", "vs nginx", "cpu us", "vs nginx", "errors"
     ns = split(sizes, S, " "); np = split(proxies, P, " ")
     for (i = 1; i <= ns; i++) {
         base = sum[S[i] " nginx"] / n[S[i] " nginx"]
+        cbase = cpu[S[i] " nginx"] / n[S[i] " nginx"]
         for (j = 1; j <= np; j++) {
             k = S[i] " " P[j]
             if (!n[k]) continue
             mean = sum[k] / n[k]
-            printf "%-9s %-15s %12.0f %10.2f %9.2f %7d\n", S[i], P[j], mean, median(k), mean / base, err[k]
+            printf "%-9s %-15s %12.0f %10.2f %9.2f %8.2f %9.2f %7d\n", S[i], P[j], mean, median(k), mean / base,
+                cpu[k] / n[k], (cpu[k] / n[k]) / cbase, err[k]
         }
     }
     if (scripts == 1) {

@@ -35,7 +35,7 @@ WARMUP=${BENCH_WARMUP:-1}
 ROWS="nginx haproxy ricochet"
 
 # die, need_tools, bench_tmpdir, free_ports, port_open, wait_port, stop_one,
-# wrk_figures, interleave_rounds
+# wrk_figures, interleave_rounds, make_certs
 . contrib/bench/lib.sh
 
 need_tools wrk ab nginx haproxy openssl luajit curl awk pgrep
@@ -61,18 +61,7 @@ port_of() {
     esac
 }
 
-# --- a CA and the certificate (localhost, 127.0.0.1), ECDSA P-256 -----------------
-(
-    cd "$dir"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
-        -out ca.pem -days 1 -subj "/CN=bench CA" 2> /dev/null
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout leaf.key \
-        -out leaf.csr -subj "/CN=localhost" 2> /dev/null
-    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > ext.cnf
-    openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out leaf.pem \
-        -days 1 -extfile ext.cnf 2> /dev/null
-    cat leaf.pem leaf.key > combined.pem # HAProxy's crt: the certificate, then its key
-) || die "openssl could not make the certificates"
+make_certs
 
 # --- the upstream: nginx, a 1 KiB answer over TLS and over plain HTTP -------------
 mkdir -p "$dir/upstream/logs" "$dir/nginx/logs" "$dir/nginx-term/logs" "$dir/ricochet" \
