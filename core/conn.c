@@ -577,6 +577,24 @@ ric_conn_head_since(const ric_conn_t *c, size_t from, ric_pool_t *pool)
     return v;
 }
 
+/* A write to the client returned RIC_AGAIN (wait for it, within
+ * send_timeout) or RIC_ERROR (it is gone). */
+static int
+write_stopped(ric_conn_t *c, ssize_t w)
+{
+    struct timeval tv;
+
+    if (w == RIC_AGAIN) {
+        tv = ric_ms_to_tv(c->settings->send_timeout);
+        ric_io_arm(&c->io, c->wev, &tv);
+        return RIC_AGAIN;
+    }
+    if (errno != EPIPE && errno != ECONNRESET) {
+        ric_log_error(RIC_LOG_INFO, errno, "writing to the client failed, client: %s", c->peer);
+    }
+    return RIC_ERROR;
+}
+
 int
 ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
 {
@@ -584,7 +602,6 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
     size_t head_left;
     ssize_t w;
     int iovcnt;
-    struct timeval tv;
 
     *taken = 0;
     c->interim_pending = 0; /* whatever waited goes first now */
@@ -610,16 +627,8 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
             iov[iovcnt++].iov_len = n - *taken;
         }
         w = ric_io_writev(&c->io, iov, iovcnt);
-        if (w == RIC_AGAIN) {
-            tv = ric_ms_to_tv(c->settings->send_timeout);
-            ric_io_arm(&c->io, c->wev, &tv);
-            return RIC_AGAIN;
-        }
-        if (w == RIC_ERROR) {
-            if (errno != EPIPE && errno != ECONNRESET) {
-                ric_log_error(RIC_LOG_INFO, errno, "writing to the client failed, client: %s", c->peer);
-            }
-            return RIC_ERROR;
+        if (w < 0) {
+            return write_stopped(c, w);
         }
         c->response_bytes += (uint64_t) w;
         if ((size_t) w >= head_left) {
@@ -629,6 +638,32 @@ ric_conn_write(ric_conn_t *c, const u_char *data, size_t n, size_t *taken)
             c->out_sent += (size_t) w;
         }
     }
+}
+
+int
+ric_conn_can_splice(const ric_conn_t *c)
+{
+    return !c->orphan && ric_io_can_splice(&c->io);
+}
+
+int
+ric_conn_splice(ric_conn_t *c, ric_pipe_t *p)
+{
+    size_t taken;
+    ssize_t w;
+    int rc;
+
+    if ((rc = ric_conn_write(c, NULL, 0, &taken)) != RIC_OK) {
+        return rc; /* the head first */
+    }
+    while (p->len > 0) {
+        w = ric_io_splice_out(&c->io, p);
+        if (w < 0) {
+            return write_stopped(c, w);
+        }
+        c->response_bytes += (uint64_t) w;
+    }
+    return RIC_OK;
 }
 
 /* --- between requests ------------------------------------------------------ */

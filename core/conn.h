@@ -162,6 +162,15 @@ void ric_conn_head_append(ric_conn_t *c, const void *p, size_t n);
 size_t ric_conn_head_len(const ric_conn_t *c);
 ric_str_t ric_conn_head_since(const ric_conn_t *c, size_t from, ric_pool_t *pool);
 
+/* Whether an answer's body may be spliced to this client (a plain
+ * socket, someone there). */
+int ric_conn_can_splice(const ric_conn_t *c);
+
+/* Writes what p holds after the head (ric_conn_write's rules: RIC_OK when
+ * all of it went, RIC_AGAIN when the client blocks, the write event then
+ * armed, RIC_ERROR when it is gone). */
+int ric_conn_splice(ric_conn_t *c, ric_pipe_t *p);
+
 /* Writes the rest of the head, then data[0, n). RIC_OK: all of it went
  * out. RIC_AGAIN: *taken bytes of data did (the rest waits for the
  * client; the handler's writable follows, or the request ends as

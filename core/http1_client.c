@@ -6,6 +6,11 @@
 #include <stdio.h>
 
 #include <errno.h>
+#include <limits.h>
+
+/* What the first read of a response takes at most: a head and a small
+ * body; a head longer than this is read on to RIC_HTTP1_BUF_SIZE. */
+#define HEAD_READ (16 * 1024)
 
 static void on_read(ric_upconn_t *uc, short what);
 static void on_write(ric_upconn_t *uc, short what);
@@ -328,7 +333,10 @@ read_head(ric_http1_t *h)
     ssize_t n;
     int rc;
 
-    n = ric_io_read(&uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    /* a head and a small body in one read; of a larger body, the rest is
+     * left in the socket to be spliced (ric_http1_splice) */
+    n = ric_io_read(&uc->io, h->buf + h->buf_len,
+                    h->buf_len < HEAD_READ ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == 0) {
         h->handler->failed(h, RIC_CLASS_RESET, 0,
                            "upstream closed the connection before a complete response head");
@@ -410,6 +418,56 @@ ric_http1_pause(ric_http1_t *h)
     }
 }
 
+int
+ric_http1_splice(ric_http1_t *h)
+{
+    if (h->pipe == NULL) {
+        if (h->done || h->uc == NULL || h->resp.body != RIC_BODY_LENGTH || h->body_left == 0
+            || h->relay_start != h->relay_end || h->buf_len != 0
+            || !ric_io_can_splice(&h->uc->io)) {
+            return 0;
+        }
+        h->pipe = ric_pipe_get();
+    }
+    return h->pipe != NULL;
+}
+
+void
+ric_http1_spliced(ric_http1_t *h)
+{
+    if (h->pipe->len == 0 && h->reading_paused && !h->done && h->uc != NULL) {
+        h->reading_paused = 0;
+        ric_upconn_reading(h->uc, 1, h->read_timeout);
+    }
+}
+
+/* BODY, spliced: the next bytes of the body into the pipe. */
+static void
+splice_body(ric_http1_t *h)
+{
+    ssize_t n = ric_io_splice_in(&h->uc->io, h->pipe, (size_t) ric_min(h->body_left, (uint64_t) SSIZE_MAX));
+
+    if (n == RIC_AGAIN) {
+        if (h->pipe->len > 0) {
+            ric_http1_pause(h); /* full (or the socket is dry): the caller empties it first */
+        }
+        return;
+    }
+    if (n == 0) {
+        h->handler->body_failed(h, 0, "upstream closed the connection before the end of the body");
+        return;
+    }
+    if (n == RIC_ERROR) {
+        h->handler->body_failed(h, errno, "reading from the upstream failed");
+        return;
+    }
+    h->body_left -= (uint64_t) n;
+    if (h->body_left == 0) {
+        h->done = 1;
+    }
+    h->handler->body(h);
+}
+
 void
 ric_http1_consumed(ric_http1_t *h, size_t n)
 {
@@ -431,6 +489,10 @@ read_body(ric_http1_t *h)
     size_t from = h->buf_len;
     ssize_t n;
 
+    if (h->pipe != NULL && !h->done) {
+        splice_body(h);
+        return;
+    }
     if (h->done || h->buf_len == RIC_HTTP1_BUF_SIZE) {
         /* nothing more is wanted, or no room: wait for the caller */
         ric_http1_pause(h);
@@ -467,6 +529,8 @@ read_body(ric_http1_t *h)
 void
 ric_http1_release(ric_http1_t *h)
 {
+    ric_pipe_put(h->pipe);
+    h->pipe = NULL;
     if (h->uc == NULL) {
         return;
     }
@@ -626,6 +690,8 @@ ric_http1_peeked_body(const ric_http1_t *h, ric_buf_t *out)
 void
 ric_http1_free(ric_http1_t *h)
 {
+    ric_pipe_put(h->pipe);
+    h->pipe = NULL;
     if (h->uc != NULL) {
         ric_upconn_close(h->uc);
         h->uc = NULL;

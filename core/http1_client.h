@@ -82,6 +82,7 @@ struct ric_http1_s {
     int reading_paused;
     int early_answer;   /* answered before taking the whole request */
     size_t peek_max;    /* PEEK: body bytes wanted at most */
+    ric_pipe_t *pipe;   /* BODY, spliced: the body's bytes after buf's go through it */
     char tls_error[200]; /* why a handshake failed, for failed()'s what */
     int tls_failed;      /* ...and that it did */
 };
@@ -121,6 +122,16 @@ void ric_http1_peeked_body(const ric_http1_t *h, ric_buf_t *out);
 /* The caller relayed n bytes from relay_start; when it took everything the
  * buffer is reused and reading resumes. */
 void ric_http1_consumed(ric_http1_t *h, size_t n);
+
+/* After everything in buf was relayed, with more of the body to come:
+ * the rest goes into a pipe (h->pipe) for the caller to splice on,
+ * never through user space. 1 when it will (a body of a known length
+ * from a plain socket), 0 when it is read into buf as before. */
+int ric_http1_splice(ric_http1_t *h);
+
+/* The caller spliced bytes out of h->pipe: once it is empty, reading
+ * resumes. */
+void ric_http1_spliced(ric_http1_t *h);
 
 /* The caller cannot take more now (a slow client): stop reading. */
 void ric_http1_pause(ric_http1_t *h);

@@ -129,6 +129,88 @@ ric_io_sendfile(ric_io_t *io, int file_fd, off_t *offset, size_t n)
     return sent;
 }
 
+/* --- splicing ---------------------------------------------------------------- */
+
+#define PIPE_SIZE (256 * 1024) /* asked for; the kernel's default (64 KiB) if refused */
+#define PIPES_KEPT 64
+
+static ric_pipe_t *pipes_free;
+static int pipes_kept;
+
+ric_pipe_t *
+ric_pipe_get(void)
+{
+    ric_pipe_t *p = pipes_free;
+    int size;
+
+    if (p != NULL) {
+        pipes_free = p->next;
+        pipes_kept--;
+        return p;
+    }
+    p = ric_xmalloc(sizeof(*p));
+    if (pipe2(p->fd, O_NONBLOCK | O_CLOEXEC) == -1) {
+        free(p);
+        return NULL;
+    }
+    fcntl(p->fd[1], F_SETPIPE_SZ, PIPE_SIZE);
+    size = fcntl(p->fd[1], F_GETPIPE_SZ);
+    p->size = size > 0 ? (size_t) size : 65536;
+    p->len = 0;
+    p->next = NULL;
+    return p;
+}
+
+void
+ric_pipe_put(ric_pipe_t *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    if (p->len == 0 && pipes_kept < PIPES_KEPT) {
+        p->next = pipes_free;
+        pipes_free = p;
+        pipes_kept++;
+        return;
+    }
+    close(p->fd[0]);
+    close(p->fd[1]);
+    free(p);
+}
+
+ssize_t
+ric_io_splice_in(ric_io_t *io, ric_pipe_t *p, size_t max)
+{
+    ssize_t r;
+
+    max = ric_min(max, p->size - p->len);
+    if (max == 0) {
+        io->want = RIC_IO_WANT_READ;
+        return RIC_AGAIN;
+    }
+    do {
+        r = splice(io->fd, NULL, p->fd[1], NULL, max, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    } while (r == -1 && errno == EINTR);
+    if (r > 0) {
+        p->len += (size_t) r;
+    }
+    return result(io, r, RIC_IO_WANT_READ);
+}
+
+ssize_t
+ric_io_splice_out(ric_io_t *io, ric_pipe_t *p)
+{
+    ssize_t r;
+
+    do {
+        r = splice(p->fd[0], NULL, io->fd, NULL, p->len, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    } while (r == -1 && errno == EINTR);
+    if (r > 0) {
+        p->len -= (size_t) r;
+    }
+    return result(io, r, RIC_IO_WANT_WRITE);
+}
+
 void
 ric_io_close(ric_io_t *io)
 {

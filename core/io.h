@@ -88,6 +88,41 @@ ric_io_pending(ric_io_t *io)
     return io->ops->pending != NULL && io->ops->pending(io);
 }
 
+/* --- splicing: a body moved socket to socket through a pipe, its bytes
+ * never copied into user space (Linux splice(2); plain sockets only) --- */
+
+/* A pipe holding len bytes of a body on their way (of size bytes at most). */
+typedef struct ric_pipe_s {
+    int fd[2];
+    size_t len;
+    size_t size;
+    struct ric_pipe_s *next; /* on the process's free list */
+} ric_pipe_t;
+
+/* An empty pipe: one kept from before, or a new one. NULL when none can
+ * be made (out of descriptors): the caller copies instead. */
+ric_pipe_t *ric_pipe_get(void);
+
+/* Gives a pipe back: an empty one is kept for the next body (up to a
+ * few), one with bytes left in it (a body broken off) is closed. */
+void ric_pipe_put(ric_pipe_t *p);
+
+/* Whether io's bytes may be spliced (a plain socket, not TLS). */
+static inline int
+ric_io_can_splice(const ric_io_t *io)
+{
+    return io->ops == &ric_io_plain;
+}
+
+/* Moves up to max bytes from the socket into the pipe. Bytes moved, 0 at
+ * the end of the stream, RIC_AGAIN (nothing to read, or the pipe is full:
+ * p->len > 0 says which may be), RIC_ERROR with errno. */
+ssize_t ric_io_splice_in(ric_io_t *io, ric_pipe_t *p, size_t max);
+
+/* Moves what the pipe holds to the socket: bytes moved, RIC_AGAIN
+ * (io->want: write) or RIC_ERROR with errno. */
+ssize_t ric_io_splice_out(ric_io_t *io, ric_pipe_t *p);
+
 struct event;
 
 /* Every wait on io's socket: arms ev (a read or a write event of it) with

@@ -200,6 +200,21 @@ head(ric_request_t *r)
     }
 }
 
+/* Whether the rest of the answer's body is spliced: nothing takes a copy
+ * of it (no idempotency tap, no client that may leave with the request
+ * going on), both sockets are plain, and the upstream's side agrees. */
+static int
+splices(ric_request_t *r)
+{
+    ric_http1_t *h = &r->answer->client;
+
+    if (h->pipe != NULL) {
+        return 1;
+    }
+    return !h->done && r->tap == NULL && !r->outlives_client && ric_conn_can_splice(r->c)
+           && ric_http1_splice(h);
+}
+
 /* Writes to the client what the answer has now. RIC_OK: all of it went
  * out; RIC_AGAIN: more is to come (from the upstream, or when the client
  * drains); RIC_ERROR: the client is gone. */
@@ -219,6 +234,11 @@ relay(ric_request_t *r)
         r->tap(r, h->buf + h->relay_start, taken);
     }
     ric_http1_consumed(h, taken);
+    if (rc == RIC_OK && splices(r)) {
+        /* the rest of the body goes from socket to socket */
+        rc = ric_conn_splice(r->c, h->pipe);
+        ric_http1_spliced(h);
+    }
     if (rc == RIC_AGAIN) {
         /* a slow client: stop reading the upstream until it drains, so
          * memory stays at one buffer; also when the response is all

@@ -173,6 +173,35 @@ describe("proxying through a shared gateway", function()
         assert.equal(1, up:stats().hits)
     end)
 
+    -- a body past the first read goes socket to socket through a pipe (spliced): in order,
+    -- whole, counted in the access log, and the upstream connection is pooled after it
+    it("relays the rest of a large body spliced: intact, logged whole, both connections kept", function()
+        local n = 3 * 1024 * 1024 + 7
+        local path = gw.prefix .. "/logs/access.log"
+        local base = #read_lines(path)
+        up:program({ routes = { ["/spliced"] = { default = { status = 200, body_size = n } },
+            ["/after"] = { default = { status = 200, body = "after" } } } })
+        local conn = assert(H.connect(gw.port))
+        local resp, err = conn:request({ path = "/spliced", timeout = 20 })
+        local before = up:stats().connections
+        assert.truthy(resp, ctx(gw, err))
+        assert.equal(200, resp.status)
+        assert.equal(n, #resp.body)
+        assert.is_true(resp.body == H.body_of_size(n), "the spliced body differs")
+        local again, err2 = conn:request({ path = "/after" })
+        conn:close()
+        assert.truthy(again, ctx(gw, err2))
+        assert.equal("after", again.body)
+        assert.equal(before, up:stats().connections, "the upstream connection was not reused after the body")
+        local entry = H.wait_until(function()
+            local lines = read_lines(path)
+            return #lines >= base + 2 and json.decode(lines[base + 1])
+        end, 5)
+        assert.truthy(entry, ctx(gw, "no access log line"))
+        assert.equal("/spliced", entry.path)
+        assert.is_true(entry.bytes > n and entry.bytes < n + 1024, "bytes logged: " .. tostring(entry.bytes))
+    end)
+
     it("passes a chunked response as chunked to an HTTP/1.1 client", function()
         local n = 100000
         up:program({ default = { status = 200, body_size = n, chunked = true, chunk_size = 1000 } })
