@@ -168,6 +168,12 @@ setup(ric_request_t *r)
 
 /* --- attempts and waits ---------------------------------------------------- */
 
+/* Freed attempts kept for the next ones. */
+#define ATTEMPTS_KEPT 32
+
+static ric_attempt_t *attempts_free;
+static int attempts_kept;
+
 static void
 attempt_free(ric_attempt_t *u)
 {
@@ -176,6 +182,12 @@ attempt_free(ric_attempt_t *u)
     }
     event_del(&u->try_timer);
     ric_http1_free(&u->client);
+    if (RIC_RECYCLE && attempts_kept < ATTEMPTS_KEPT) {
+        u->next_free = attempts_free;
+        attempts_free = u;
+        attempts_kept++;
+        return;
+    }
     free(u);
 }
 
@@ -264,8 +276,15 @@ attempt_new(ric_request_t *r, ric_buf_t *head)
 {
     ric_attempts_t *a = r->attempts;
     const ric_http_settings_t *s = r->settings;
-    ric_attempt_t *u = ric_xcalloc(1, sizeof(*u));
+    ric_attempt_t *u = attempts_free;
 
+    if (u != NULL) {
+        attempts_free = u->next_free;
+        attempts_kept--;
+    } else {
+        u = ric_xmalloc(sizeof(*u));
+    }
+    memset(u, 0, offsetof(ric_attempt_t, client)); /* the client: ric_http1_init */
     u->r = r;
     u->number = ++a->count;
     ric_upstream_request_build(r, u->number, head);

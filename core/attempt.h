@@ -15,7 +15,6 @@
 struct ric_attempt_s {
     ric_request_t *r;
     int number;          /* from 1 */
-    ric_http1_t client;  /* the exchange with the upstream server */
     struct event try_timer; /* per_try_timeout, bounded by the deadline */
     int64_t start_us;
     int64_t wait_us;     /* the wait before it */
@@ -25,6 +24,9 @@ struct ric_attempt_s {
     int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
     int failed;          /* its outcome counted as a failure (health, the budget) */
     int hedge;           /* 1: sent as the hedge of the first attempt (retry_hedge) */
+    struct ric_attempt_s *next_free; /* kept for reuse once freed (attempt.c) */
+    ric_http1_t client;  /* the exchange with the upstream server (last: ric_http1_init
+                          * clears it, attempt_new the rest) */
 };
 
 /* The attempts phase's state, kept in the request across tries (made

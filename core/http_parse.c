@@ -112,7 +112,7 @@ static int finish_response(ric_http_msg_t *m, const u_char *buf,
 void
 ric_http_msg_init(ric_http_msg_t *m)
 {
-    memset(m, 0, sizeof(*m));
+    memset(m, 0, offsetof(ric_http_msg_t, fields));
     m->host_index = -1;
 }
 
@@ -275,6 +275,17 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
     u_char ch;
     const char *reason;
     int major, minor, status;
+    /* a run of bytes of one class is taken at once, up to where the
+     * limits are checked again byte by byte */
+#define LINE_RUN_END ric_min((size_t) len, (size_t) m->line_start + RIC_HTTP_MAX_REQUEST_LINE)
+#define SECTION_RUN_END ric_min((size_t) len, (size_t) m->section_start + RIC_HTTP_MAX_HEADER_BYTES)
+#define RUN(end, cond) \
+    do { \
+        size_t run_end_ = (end); \
+        while (pos + 1 < run_end_ && (cond)) { \
+            pos++; \
+        } \
+    } while (0)
 
     for (; pos < len; pos++) {
         ch = buf[pos];
@@ -349,6 +360,8 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
                 break;
             }
             if (is_class(ch, CH_TARGET)) {
+                RUN(LINE_RUN_END, is_class(buf[pos + 1], CH_TARGET)
+                                  && (buf[pos + 1] != '?' || m->path_len != UINT32_MAX));
                 break;
             }
             if (ch != SP) {
@@ -451,6 +464,7 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
                 }
                 goto bad_status;
             }
+            RUN(LINE_RUN_END, is_class(buf[pos + 1], CH_FIELD | CH_WS));
             break;
 
         case S_LINE_LF:
@@ -489,6 +503,7 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
 
         case S_NAME:
             if (is_class(ch, CH_TCHAR)) {
+                RUN(SECTION_RUN_END, is_class(buf[pos + 1], CH_TCHAR));
                 break;
             }
             if (ch != ':') {
@@ -531,6 +546,7 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
 
         case S_VALUE:
             if (is_class(ch, CH_FIELD)) {
+                RUN(SECTION_RUN_END, is_class(buf[pos + 1], CH_FIELD));
                 m->tok_end = pos + 1;
                 break;
             }

@@ -64,7 +64,6 @@ struct ric_http_msg_s {
     int status;
     uint32_t reason_off, reason_len;
 
-    ric_http_field_t fields[RIC_HTTP_MAX_FIELDS];
     unsigned nfields;
     uint32_t head_len; /* bytes of the whole head, final CRLF included */
 
@@ -80,9 +79,14 @@ struct ric_http_msg_s {
      * a short static reason for the log */
     int error_status;
     const char *error_reason;
+
+    /* the first nfields are valid; last, so that a new message zeroes
+     * everything but them (ric_http_msg_init) */
+    ric_http_field_t fields[RIC_HTTP_MAX_FIELDS];
 };
 
-/* Prepare msg for a new message. */
+/* Prepare msg for a new message (the fields array is not cleared: only
+ * its first nfields, 0 now, are ever read). */
 void ric_http_msg_init(ric_http_msg_t *m);
 
 /* Parse a request head from buf[0..len), where buf holds the message from its

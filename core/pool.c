@@ -17,6 +17,8 @@ struct ric_pool_cleanup_s {
 };
 
 #define POOL_ALIGN alignof(max_align_t)
+/* where a pool's first block starts in the pool's allocation */
+#define FIRST_BLOCK_AT ((sizeof(ric_pool_t) + alignof(ric_pool_block_t) - 1) & ~(alignof(ric_pool_block_t) - 1))
 
 static ric_pool_block_t *
 block_new(size_t size)
@@ -28,13 +30,38 @@ block_new(size_t size)
     return b;
 }
 
+/* Destroyed pools kept, each with its first block, for the next pool of
+ * their block size (a request's pool, in a steady stream of requests). */
+#define POOLS_KEPT 64
+
+static ric_pool_t *pools_free;
+static int pools_kept;
+
 ric_pool_t *
 ric_pool_create(size_t block_size)
 {
-    ric_pool_t *pool = ric_xmalloc(sizeof(*pool));
-    pool->block_size = block_size < 256 ? 256 : block_size;
-    pool->blocks = block_new(pool->block_size);
+    ric_pool_t *pool, **pp;
+    ric_pool_block_t *b;
+
+    block_size = block_size < 256 ? 256 : block_size;
+    for (pp = &pools_free; *pp != NULL; pp = &(*pp)->next_free) {
+        if ((*pp)->block_size == block_size) {
+            pool = *pp;
+            *pp = pool->next_free;
+            pools_kept--;
+            return pool;
+        }
+    }
+    /* the pool and its first block in one allocation */
+    pool = ric_xmalloc(FIRST_BLOCK_AT + sizeof(*b) + block_size);
+    b = (ric_pool_block_t *) ((u_char *) pool + FIRST_BLOCK_AT);
+    b->next = NULL;
+    b->used = 0;
+    b->size = block_size;
+    pool->block_size = block_size;
+    pool->blocks = pool->first = b;
     pool->cleanups = NULL;
+    pool->next_free = NULL;
     return pool;
 }
 
@@ -52,7 +79,19 @@ ric_pool_destroy(ric_pool_t *pool)
     }
     for (b = pool->blocks; b != NULL; b = next) {
         next = b->next;
-        free(b);
+        if (b != pool->first) {
+            free(b);
+        }
+    }
+    if (RIC_RECYCLE && pools_kept < POOLS_KEPT) {
+        pool->first->next = NULL;
+        pool->first->used = 0;
+        pool->blocks = pool->first;
+        pool->cleanups = NULL;
+        pool->next_free = pools_free;
+        pools_free = pool;
+        pools_kept++;
+        return;
     }
     free(pool);
 }

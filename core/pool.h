@@ -7,11 +7,15 @@
 typedef struct ric_pool_block_s ric_pool_block_t;
 typedef struct ric_pool_cleanup_s ric_pool_cleanup_t;
 
-typedef struct {
+typedef struct ric_pool_s ric_pool_t;
+
+struct ric_pool_s {
     ric_pool_block_t *blocks;     /* newest first */
     ric_pool_cleanup_t *cleanups; /* run in reverse order of registration */
     size_t block_size;
-} ric_pool_t;
+    ric_pool_block_t *first;      /* made with the pool, in the same allocation */
+    ric_pool_t *next_free;        /* kept for reuse (ric_pool_destroy) */
+};
 
 /* Returns a new pool whose blocks are block_size bytes (larger requests get a
  * block of their own). Aborts on out-of-memory. */

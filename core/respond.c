@@ -109,8 +109,10 @@ own_head(ric_request_t *r, size_t body_len)
         date(c);
     }
     if (r->status != 204 && r->status != 304) {
-        n = snprintf(line, sizeof(line), "Content-Length: %zu\r\n", body_len);
-        ric_conn_head_append(c, line, (size_t) n);
+        memcpy(line, "Content-Length: ", 16);
+        n = (int) (16 + ric_u64_to_dec(body_len, (u_char *) line + 16));
+        memcpy(line + n, "\r\n", 2);
+        ric_conn_head_append(c, line, (size_t) n + 2);
     }
     connection(r);
 }
@@ -167,7 +169,7 @@ head(ric_request_t *r)
     const ric_http1_t *h = r->answer ? &r->answer->client : NULL;
     char line[64], buf[128];
     size_t from;
-    int n, keep;
+    int keep;
     ric_str_t b = ric_null_string;
 
     r->status = h ? h->resp.status : r->status;
@@ -175,8 +177,13 @@ head(ric_request_t *r)
     if (h != NULL && (h->resp.body == RIC_BODY_CLOSE || h->dechunk)) {
         ric_conn_close_after(c); /* the body's end is the connection's */
     }
-    n = snprintf(line, sizeof(line), "HTTP/1.1 %03d ", r->status);
-    ric_conn_head_append(c, line, (size_t) n);
+    /* "HTTP/1.1 NNN " (a status is three digits: 100 to 599) */
+    memcpy(line, "HTTP/1.1 ", 9);
+    line[9] = (char) ('0' + r->status / 100 % 10);
+    line[10] = (char) ('0' + r->status / 10 % 10);
+    line[11] = (char) ('0' + r->status % 10);
+    line[12] = ' ';
+    ric_conn_head_append(c, line, 13);
     if (h != NULL) {
         ric_conn_head_append(c, h->buf + h->resp.reason_off, h->resp.reason_len);
     } else {

@@ -105,9 +105,35 @@ struct ric_buf_s {
     size_t size;
 };
 
-/* Appends n bytes (growing the buffer; aborts on out-of-memory). */
-void ric_buf_put(ric_buf_t *b, const void *p, size_t n);
-void ric_buf_puts(ric_buf_t *b, const char *s);
+/* Makes room for n more bytes (aborts on out-of-memory). */
+void ric_buf_grow(ric_buf_t *b, size_t n);
+
+/* Appends n bytes (growing the buffer when it must). Inline: heads are
+ * built of many short pieces. */
+static inline void
+ric_buf_put(ric_buf_t *b, const void *p, size_t n)
+{
+    if (b->len + n > b->size) {
+        ric_buf_grow(b, n);
+    }
+    if (n > 0) {
+        memcpy(b->data + b->len, p, n);
+    }
+    b->len += n;
+}
+
+/* Appends a NUL-terminated string (a literal's length is known when compiled). */
+static inline void
+ric_buf_puts(ric_buf_t *b, const char *s)
+{
+    ric_buf_put(b, s, strlen(s));
+}
+
+/* Writes v in decimal at out (20 bytes at most, no NUL); returns the length. */
+size_t ric_u64_to_dec(uint64_t v, u_char *out);
+
+/* Appends v in decimal. */
+void ric_buf_put_u64(ric_buf_t *b, uint64_t v);
 /* Appends printf's output, however long. */
 void ric_buf_printf(ric_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ric_buf_vprintf(ric_buf_t *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -116,7 +142,32 @@ void ric_buf_free(ric_buf_t *b);
 /* A random (version 4) UUID, lowercase, NUL-terminated in out[37]. */
 void ric_uuid_v4(char *out);
 
-/* Case-insensitive comparison of a span with a NUL-terminated lowercase literal. */
-int ric_str_eq_lower(ric_str_t s, const char *lower);
+/* The bytes of s, lowercased, equal lower's (n of them). */
+int ric_str_eq_lower_n(ric_str_t s, const char *lower, size_t n);
+
+/* Case-insensitive comparison of a span with a NUL-terminated lowercase
+ * literal. Inline, so that a literal's length is known when compiled and
+ * a span of another length costs one comparison. */
+static inline int
+ric_str_eq_lower(ric_str_t s, const char *lower)
+{
+    size_t n = strlen(lower);
+
+    return s.len == n && ric_str_eq_lower_n(s, lower, n);
+}
+
+/* Whether freed objects of the hot path (request pools, attempts, I/O
+ * buffers) are kept for the next request. Not under AddressSanitizer,
+ * which then catches a use after free at once. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RIC_RECYCLE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RIC_RECYCLE 0
+#endif
+#endif
+#ifndef RIC_RECYCLE
+#define RIC_RECYCLE 1
+#endif
 
 #endif /* RIC_CORE_H */

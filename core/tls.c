@@ -7,7 +7,7 @@
 #include <openssl/x509v3.h>
 #include <stdio.h>
 
-#define COALESCE_MAX (16 * 1024) /* small iovecs go as one record */
+#define COALESCE_MAX (16 * 1024) /* one full TLS record of joined pieces */
 
 /* What an SSL call's failure means for the layer: RIC_AGAIN with what to
  * wait for, 0 for the end of the stream, RIC_ERROR with errno. */
@@ -58,42 +58,28 @@ tls_write(ric_io_t *io, const void *buf, size_t n)
     return rc == 1 ? (ssize_t) put : failure(io, rc);
 }
 
-/* TLS has no writev: small pieces are joined into one record (a head and
- * a short body go as one), larger ones are written in turn. A retry after
- * RIC_AGAIN may come from another buffer with the same bytes
+/* TLS has no writev: the first record is filled from the pieces in turn
+ * (a head and a short body go as one; a head and a long body as one full
+ * record, then the rest of the body), so that no record or write is spent
+ * on a head alone. A single piece is written as it is. A retry after
+ * RIC_AGAIN comes with the same pieces, joined into the same bytes
  * (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER). */
 static ssize_t
 tls_writev(ric_io_t *io, const struct iovec *iov, int iovcnt)
 {
     u_char joined[COALESCE_MAX];
-    size_t total = 0, at = 0;
-    ssize_t r, done = 0;
+    size_t at = 0, take;
     int i;
 
-    for (i = 0; i < iovcnt; i++) {
-        total += iov[i].iov_len;
+    if (iovcnt == 1) {
+        return iov[0].iov_len == 0 ? 0 : tls_write(io, iov[0].iov_base, iov[0].iov_len);
     }
-    if (iovcnt > 1 && total <= sizeof(joined)) {
-        for (i = 0; i < iovcnt; i++) {
-            memcpy(joined + at, iov[i].iov_base, iov[i].iov_len);
-            at += iov[i].iov_len;
-        }
-        return total == 0 ? 0 : tls_write(io, joined, total);
+    for (i = 0; i < iovcnt && at < sizeof(joined); i++) {
+        take = ric_min(iov[i].iov_len, sizeof(joined) - at);
+        memcpy(joined + at, iov[i].iov_base, take);
+        at += take;
     }
-    for (i = 0; i < iovcnt; i++) {
-        if (iov[i].iov_len == 0) {
-            continue;
-        }
-        r = tls_write(io, iov[i].iov_base, iov[i].iov_len);
-        if (r < 0) {
-            return done > 0 ? done : r;
-        }
-        done += r;
-        if ((size_t) r < iov[i].iov_len) {
-            break;
-        }
-    }
-    return done;
+    return at == 0 ? 0 : tls_write(io, joined, at);
 }
 
 static int

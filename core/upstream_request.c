@@ -261,27 +261,29 @@ ric_upstream_request_build(ric_request_t *r, int attempt, ric_buf_t *b)
     if (r->body_mode == RIC_REQ_BODY_STREAM && r->upload.chunked) {
         ric_buf_puts(b, "Transfer-Encoding: chunked\r\n");
     } else if (r->body_mode == RIC_REQ_BODY_STREAM) {
-        snprintf(num, sizeof(num), "Content-Length: %llu\r\n",
-                 (unsigned long long) m->content_length);
-        ric_buf_puts(b, num);
+        ric_buf_puts(b, "Content-Length: ");
+        ric_buf_put_u64(b, m->content_length);
+        ric_buf_puts(b, "\r\n");
     } else if (m->body != RIC_BODY_NONE || ric_headers_find(r->c->in, m, "content-length").data) {
         /* a chunked body goes upstream with its length, now known */
-        snprintf(num, sizeof(num), "Content-Length: %llu\r\n", (unsigned long long) held);
-        ric_buf_puts(b, num);
+        ric_buf_puts(b, "Content-Length: ");
+        ric_buf_put_u64(b, held);
+        ric_buf_puts(b, "\r\n");
     }
     if (r->up->conf->keepalive <= 0) {
         ric_buf_puts(b, "Connection: close\r\n");
     }
     if (refs->retry_attempt_header[0] != '\0') {
-        snprintf(num, sizeof(num), ": %d\r\n", attempt);
         ric_buf_puts(b, refs->retry_attempt_header);
-        ric_buf_puts(b, num);
+        ric_buf_puts(b, ": ");
+        ric_buf_put_u64(b, (uint64_t) attempt);
+        ric_buf_puts(b, "\r\n");
     }
     /* the upstream learns how long the client will still wait */
-    snprintf(num, sizeof(num), ": %lld\r\n",
-             (long long) ric_max(r->deadline_ms - ric_now_ms(), (int64_t) 0));
     ric_buf_puts(b, refs->client_deadline_header);
-    ric_buf_puts(b, num);
+    ric_buf_puts(b, ": ");
+    ric_buf_put_u64(b, (uint64_t) ric_max(r->deadline_ms - ric_now_ms(), (int64_t) 0));
+    ric_buf_puts(b, "\r\n");
     if (r->minted_key[0] != '\0') {
         ric_buf_puts(b, refs->idempotency_key_header);
         ric_buf_puts(b, ": ");

@@ -122,15 +122,13 @@ ric_xstrdup(const char *s)
 }
 
 int
-ric_str_eq_lower(ric_str_t s, const char *lower)
+ric_str_eq_lower_n(ric_str_t s, const char *lower, size_t n)
 {
     size_t i;
+    u_char c;
 
-    for (i = 0; i < s.len; i++) {
-        u_char c = s.data[i];
-        if (lower[i] == '\0') {
-            return 0;
-        }
+    for (i = 0; i < n; i++) {
+        c = s.data[i];
         if (c >= 'A' && c <= 'Z') {
             c |= 0x20;
         }
@@ -138,26 +136,39 @@ ric_str_eq_lower(ric_str_t s, const char *lower)
             return 0;
         }
     }
-    return lower[i] == '\0';
+    return 1;
 }
 
 void
-ric_buf_put(ric_buf_t *b, const void *p, size_t n)
+ric_buf_grow(ric_buf_t *b, size_t n)
 {
-    if (b->len + n > b->size) {
-        b->size = ric_max(b->size * 2, b->len + n + 256);
-        b->data = ric_xrealloc(b->data, b->size);
+    b->size = ric_max(b->size * 2, b->len + n + 256);
+    b->data = ric_xrealloc(b->data, b->size);
+}
+
+size_t
+ric_u64_to_dec(uint64_t v, u_char *out)
+{
+    u_char tmp[20];
+    size_t n = 0, i;
+
+    do {
+        tmp[n++] = (u_char) ('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    for (i = 0; i < n; i++) {
+        out[i] = tmp[n - 1 - i];
     }
-    if (n > 0) {
-        memcpy(b->data + b->len, p, n);
-    }
-    b->len += n;
+    return n;
 }
 
 void
-ric_buf_puts(ric_buf_t *b, const char *s)
+ric_buf_put_u64(ric_buf_t *b, uint64_t v)
 {
-    ric_buf_put(b, s, strlen(s));
+    if (b->len + 20 > b->size) {
+        ric_buf_grow(b, 20);
+    }
+    b->len += ric_u64_to_dec(v, b->data + b->len);
 }
 
 void
