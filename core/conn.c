@@ -22,6 +22,7 @@ static void wait_read(ric_conn_t *c, const struct timeval *tv);
 static void arm_read(ric_conn_t *c, int64_t deadline);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void conn_run(ric_conn_t *c);
+static ric_conn_t *conn_alloc(void);
 static void conn_free(ric_conn_t *c);
 /* The worker stops now: closes c, a request under way ending as shutdown. */
 static void conn_stop(ric_conn_t *c);
@@ -31,26 +32,41 @@ static int conn_reclaim(ric_conn_t *c);
  * may be on its way); otherwise once its current answer is written. */
 static void conn_shutdown(ric_conn_t *c);
 
+/* The client's address as logs show it: "IP:PORT", "[IPv6]:PORT". Once
+ * per connection, so by hand rather than by printf. */
 static void
 format_peer(ric_conn_t *c, const struct sockaddr *sa)
 {
     unsigned port = 0;
+    size_t n = 0, ip;
+    int v6 = sa->sa_family == AF_INET6;
 
-    if (sa->sa_family == AF_INET6) {
+    if (v6) {
         const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *) sa;
         inet_ntop(AF_INET6, &s6->sin6_addr, c->peer_ip, sizeof(c->peer_ip));
         port = ntohs(s6->sin6_port);
-        snprintf(c->peer, sizeof(c->peer), "[%s]:%u", c->peer_ip, port);
     } else if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *s4 = (const struct sockaddr_in *) sa;
         inet_ntop(AF_INET, &s4->sin_addr, c->peer_ip, sizeof(c->peer_ip));
         port = ntohs(s4->sin_port);
-        snprintf(c->peer, sizeof(c->peer), "%s:%u", c->peer_ip, port);
     } else {
-        snprintf(c->peer_ip, sizeof(c->peer_ip), "unknown");
-        snprintf(c->peer, sizeof(c->peer), "unknown");
+        memcpy(c->peer_ip, "unknown", 8);
+        memcpy(c->peer, "unknown", 8);
+        memcpy(c->peer_port, "0", 2);
+        return;
     }
-    snprintf(c->peer_port, sizeof(c->peer_port), "%u", port);
+    c->peer_port[ric_u64_to_dec(port, (u_char *) c->peer_port)] = '\0';
+    ip = strlen(c->peer_ip);
+    if (v6) {
+        c->peer[n++] = '[';
+    }
+    memcpy(c->peer + n, c->peer_ip, ip);
+    n += ip;
+    if (v6) {
+        c->peer[n++] = ']';
+    }
+    c->peer[n++] = ':';
+    memcpy(c->peer + n, c->peer_port, strlen(c->peer_port) + 1);
 }
 
 /* --- the worker's set ------------------------------------------------------ */
@@ -164,7 +180,7 @@ int
 ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sockaddr *sa,
                 socklen_t salen)
 {
-    ric_conn_t *c = ric_xcalloc(1, sizeof(*c));
+    ric_conn_t *c = conn_alloc();
 
     (void) salen;
     ric_io_init_plain(&c->io, fd);
@@ -172,12 +188,11 @@ ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sock
     c->base = s->base;
     c->listener = ls;
     state_set(c, RIC_CONN_HEAD);
-    format_peer(c, sa);
-    if (sa->sa_family != AF_UNIX) {
-        ric_io_nodelay(&c->io);
-    }
-    c->rev = event_new(s->base, fd, EV_READ | EV_PERSIST, on_read, c);
-    c->wev = event_new(s->base, fd, EV_WRITE, on_write, c);
+    format_peer(c, sa); /* TCP_NODELAY: set on the listening socket, copied to c's */
+    event_assign(&c->rev_ev, s->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    event_assign(&c->wev_ev, s->base, fd, EV_WRITE, on_write, c);
+    c->rev = &c->rev_ev;
+    c->wev = &c->wev_ev;
     c->settings = &ls->default_server->settings;
     ric_http_msg_init(&c->msg);
     if (ls->ssl) {
@@ -187,10 +202,8 @@ ric_conn_accept(ric_conn_set_t *s, ric_listener_t *ls, int fd, const struct sock
         c->read_deadline = ric_now_ms() + c->settings->ssl_handshake_timeout;
         if (ric_tls_server_accept(&c->io, ls) != RIC_OK) {
             ric_log_error(RIC_LOG_ERR, 0, "cannot start TLS on a connection, client: %s", c->peer);
-            event_free(c->rev);
-            event_free(c->wev);
             ric_io_close(&c->io);
-            free(c);
+            conn_free(c);
             return RIC_ERROR;
         }
     } else {
@@ -221,8 +234,8 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
             /* the socket goes now; the connection, which the request
              * reads its head from, when the request ends */
             c->orphan = 1;
-            event_free(c->rev);
-            event_free(c->wev);
+            event_del(c->rev);
+            event_del(c->wev);
             c->rev = c->wev = NULL;
             ric_io_close(&c->io);
             /* an answer paused for a slow client waits for nobody now */
@@ -240,8 +253,8 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
     ric_log_debug("closing connection from %s", c->peer);
     c->closed = 1;
     if (!c->orphan) {
-        event_free(c->rev);
-        event_free(c->wev);
+        event_del(c->rev);
+        event_del(c->wev);
         ric_io_close(&c->io);
     }
     set_remove(c->set, c);
@@ -263,9 +276,45 @@ conn_stop(ric_conn_t *c)
     conn_end(c, RIC_END_SHUTDOWN);
 }
 
+/* Freed connections kept, with their buffers, for the next ones. */
+#define CONNS_KEPT 64
+
+static ric_conn_t *conns_free;
+static int conns_kept;
+
+static ric_conn_t *
+conn_alloc(void)
+{
+    ric_conn_t *c = conns_free;
+    u_char *in;
+    size_t in_size;
+    ric_buf_t out;
+
+    if (c == NULL) {
+        return ric_xcalloc(1, sizeof(*c));
+    }
+    conns_free = c->next_free;
+    conns_kept--;
+    in = c->in;
+    in_size = c->in_size;
+    out = c->out;
+    memset(c, 0, sizeof(*c));
+    c->in = in;
+    c->in_size = in_size;
+    c->out = out;
+    c->out.len = 0;
+    return c;
+}
+
 static void
 conn_free(ric_conn_t *c)
 {
+    if (RIC_RECYCLE && conns_kept < CONNS_KEPT) {
+        c->next_free = conns_free;
+        conns_free = c;
+        conns_kept++;
+        return;
+    }
     free(c->in);
     ric_buf_free(&c->out);
     free(c);
@@ -687,12 +736,14 @@ start_linger(ric_conn_t *c)
 
 /* Whether closing now could reset the connection (a close with unread
  * input does): pipelined bytes, a body not read whole, or bytes waiting
- * in the socket. As nginx, only then is the close a lingering one. */
+ * in the socket (the client's end of stream alone is not one: a client
+ * that read its answer and closed gets a plain close back). As nginx,
+ * only then is the close a lingering one. */
 static int
 unread_input(ric_conn_t *c)
 {
     return c->in_len > c->in_used || (c->msg.body != RIC_BODY_NONE && !c->body_complete)
-           || !ric_io_alive(&c->io);
+           || ric_io_unread(&c->io);
 }
 
 /* The answer is out: get ready for the next request on the connection. */

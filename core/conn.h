@@ -8,6 +8,7 @@
 #include "io.h"
 
 #include <event2/event.h>
+#include <event2/event_struct.h>
 
 typedef enum {
     RIC_CONN_HANDSHAKE, /* listen ... ssl: the TLS handshake, before the first head */
@@ -83,8 +84,10 @@ struct ric_conn_s {
     struct event_base *base;
     ric_listener_t *listener;
     ric_conn_state_t state;
-    struct event *rev;
-    struct event *wev;
+    struct event *rev; /* rev_ev and wev_ev while the socket is open; NULL once */
+    struct event *wev; /* an orphan's is closed */
+    struct event rev_ev;
+    struct event wev_ev;
     char peer[64];     /* "ip:port" for logs */
     char peer_ip[48];  /* "ip" for $remote_addr and X-Forwarded-For */
     char peer_port[8];
@@ -129,6 +132,7 @@ struct ric_conn_s {
 
     int gauge;               /* 1 + its state in the instance's gauges; 0: not counted */
     ric_link_t link;         /* in its set */
+    struct ric_conn_s *next_free; /* kept for the next connection once freed (conn.c) */
 };
 
 /* Takes over an accepted, non-blocking socket. Returns RIC_OK, or RIC_ERROR

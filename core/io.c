@@ -78,6 +78,14 @@ plain_peek_alive(ric_io_t *io)
     return r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+int
+ric_io_unread(ric_io_t *io)
+{
+    char byte;
+
+    return recv(io->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 static void
 plain_close(ric_io_t *io)
 {
@@ -220,6 +228,18 @@ ric_io_close(ric_io_t *io)
     }
 }
 
+/* TCP_NODELAY on a listening socket: every connection accepted from it
+ * has it from the start (Linux copies it), no system call per accept. */
+static void
+listen_nodelay(int fd, int family)
+{
+    int one = 1;
+
+    if (family == AF_INET || family == AF_INET6) {
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+}
+
 int
 ric_io_listen(const struct sockaddr *sa, socklen_t len, int backlog, const char **what)
 {
@@ -234,6 +254,7 @@ ric_io_listen(const struct sockaddr *sa, socklen_t len, int backlog, const char 
     if (sa->sa_family == AF_INET6) {
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
     }
+    listen_nodelay(fd, sa->sa_family);
     *what = "bind";
     if (bind(fd, sa, len) == 0) {
         *what = "listen";
@@ -267,6 +288,7 @@ ric_io_listen_adopt(int fd, struct sockaddr_storage *ss, socklen_t *len)
         || type != SOCK_STREAM || getsockname(fd, (struct sockaddr *) ss, len) != 0) {
         return RIC_ERROR;
     }
+    listen_nodelay(fd, ss->ss_family); /* an older binary's socket may lack it */
     /* ours again: not passed on to what this process runs next */
     flags = fcntl(fd, F_GETFD);
     return flags != -1 && fcntl(fd, F_SETFD, flags | FD_CLOEXEC) != -1 ? RIC_OK : RIC_ERROR;

@@ -123,6 +123,11 @@ ssize_t ric_io_splice_in(ric_io_t *io, ric_pipe_t *p, size_t max);
  * (io->want: write) or RIC_ERROR with errno. */
 ssize_t ric_io_splice_out(ric_io_t *io, ric_pipe_t *p);
 
+/* Whether bytes wait unread in the socket (the kernel's receive queue, TLS
+ * records included): a close now would send a reset. An end of stream
+ * waiting there is not such a byte. */
+int ric_io_unread(ric_io_t *io);
+
 struct event;
 
 /* Every wait on io's socket: arms ev (a read or a write event of it) with
