@@ -3,6 +3,8 @@
 #define RIC_METRICS_H
 
 #include "ric_core.h"
+
+#include <stdatomic.h>
 #include "conf.h"
 
 /*
@@ -199,10 +201,10 @@ ric_metrics_conn_state(int from, int to)
         return;
     }
     if (from >= 0) {
-        __atomic_fetch_sub(&ric_metrics_gauges->conns[from], 1, __ATOMIC_RELAXED);
+        atomic_fetch_sub_explicit(&ric_metrics_gauges->conns[from], 1, memory_order_relaxed);
     }
     if (to >= 0) {
-        __atomic_fetch_add(&ric_metrics_gauges->conns[to], 1, __ATOMIC_RELAXED);
+        atomic_fetch_add_explicit(&ric_metrics_gauges->conns[to], 1, memory_order_relaxed);
     }
 }
 
