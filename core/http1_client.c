@@ -502,6 +502,9 @@ splice_body(ric_http1_t *h)
     h->body_left -= (uint64_t) n;
     if (h->body_left == 0) {
         h->done = 1;
+        if (ric_io_unread(&h->uc->io)) {
+            h->reusable = 0; /* more than Content-Length: never reuse (as scan_body) */
+        }
     }
     h->handler->body(h);
 }
@@ -513,9 +516,10 @@ ric_http1_consumed(ric_http1_t *h, size_t n)
     if (h->relay_start < h->relay_end || h->done) {
         return;
     }
-    /* everything relayed: the buffer is free for the next read */
+    /* everything relayed: the buffer is free for the next read (and a
+     * spliced body reads on once its pipe is empty: ric_http1_spliced) */
     h->buf_len = h->relay_start = h->relay_end = 0;
-    if (h->reading_paused && h->uc != NULL) {
+    if (h->reading_paused && h->uc != NULL && (h->pipe == NULL || h->pipe->len == 0)) {
         h->reading_paused = 0;
         ric_upconn_reading(h->uc, 1, h->read_timeout);
     }

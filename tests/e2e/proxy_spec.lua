@@ -552,6 +552,27 @@ describe("proxying through a shared gateway", function()
         assert.are_not.equal(hits[1].conn, hits[2].conn)
     end)
 
+    it("does not reuse a connection whose spliced body had bytes past Content-Length", function()
+        local body = H.body_of_size(100000) -- past the first read: the rest is spliced
+        up:program({ routes = { ["/extra-big"] = { default = {
+                raw = "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" .. body .. "EXTRA" } },
+            ["/good"] = { default = { body = "good" } } } })
+        -- pipelined: the second is sent upstream in the same turn the first ends in, before
+        -- the pooled connection's own event could tell what followed the body
+        local conn = assert(H.connect(gw.port))
+        assert(conn:send(H.build_request(gw.port, { path = "/extra-big" })
+            .. H.build_request(gw.port, { path = "/good" })))
+        local list, _, err = read_n_responses(conn, 2, 10)
+        conn:close()
+        assert.equal(2, #list, ctx(gw, err))
+        assert.is_true(list[1].body == body, "the spliced body differs")
+        assert.equal(200, list[2].status, ctx(gw))
+        assert.equal("good", list[2].body)
+        local hits = up:hits()
+        assert.equal(2, #hits)
+        assert.are_not.equal(hits[1].conn, hits[2].conn)
+    end)
+
     it("relays a close-delimited response and then closes the client connection", function()
         local body = text_body(50000, 5)
         up:program({ default = { raw = "HTTP/1.1 200 OK\r\nX-Framing: none\r\n\r\n" .. body, close = true } })
