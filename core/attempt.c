@@ -180,9 +180,11 @@ attempt_free(ric_attempt_t *u)
     if (u == NULL) {
         return;
     }
+    ric_assert(!u->kept); /* freed twice would be handed out twice */
     event_del(&u->try_timer);
     ric_http1_free(&u->client);
     if (RIC_RECYCLE && attempts_kept < ATTEMPTS_KEPT) {
+        u->kept = 1;
         u->next_free = attempts_free;
         attempts_free = u;
         attempts_kept++;

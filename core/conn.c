@@ -278,6 +278,7 @@ conn_stop(ric_conn_t *c)
 
 /* Freed connections kept, with their buffers, for the next ones. */
 #define CONNS_KEPT 64
+#define CONN_OUT_KEPT (16 * 1024)
 
 static ric_conn_t *conns_free;
 static int conns_kept;
@@ -309,7 +310,19 @@ conn_alloc(void)
 static void
 conn_free(ric_conn_t *c)
 {
+    ric_assert(!c->kept); /* freed twice would be handed out twice */
     if (RIC_RECYCLE && conns_kept < CONNS_KEPT) {
+        /* the buffers a large head or an own answer grew go: a kept
+         * connection holds what an ordinary request needs */
+        if (c->in_size > CONN_IN_INITIAL) {
+            free(c->in);
+            c->in = NULL;
+            c->in_size = 0;
+        }
+        if (c->out.size > CONN_OUT_KEPT) {
+            ric_buf_free(&c->out);
+        }
+        c->kept = 1;
         c->next_free = conns_free;
         conns_free = c;
         conns_kept++;
@@ -707,6 +720,10 @@ ric_conn_splice(ric_conn_t *c, ric_pipe_t *p)
     }
     while (p->len > 0) {
         w = ric_io_splice_out(&c->io, p);
+        if (w == 0) {
+            errno = EIO; /* the pipe said it was empty: never spin on it */
+            w = RIC_ERROR;
+        }
         if (w < 0) {
             return write_stopped(c, w);
         }

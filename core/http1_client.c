@@ -8,8 +8,9 @@
 #include <errno.h>
 #include <limits.h>
 
-/* What the first read of a response takes at most: a head and a small
- * body; a head longer than this is read on to RIC_HTTP1_BUF_SIZE. */
+/* What the first read of a response from a plain socket takes at most: a
+ * head and a small body (the rest of a larger one may be spliced); a head
+ * longer than this is read on to RIC_HTTP1_BUF_SIZE. */
 #define HEAD_READ (16 * 1024)
 
 static void on_read(ric_upconn_t *uc, short what);
@@ -374,7 +375,8 @@ read_head(ric_http1_t *h)
     /* a head and a small body in one read; of a larger body, the rest is
      * left in the socket to be spliced (ric_http1_splice) */
     n = ric_io_read(&uc->io, h->buf + h->buf_len,
-                    h->buf_len < HEAD_READ ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
+                    h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io)
+                        ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == 0) {
         h->handler->failed(h, RIC_CLASS_RESET, 0,
                            "upstream closed the connection before a complete response head");

@@ -139,8 +139,11 @@ ric_io_sendfile(ric_io_t *io, int file_fd, off_t *offset, size_t n)
 
 /* --- splicing ---------------------------------------------------------------- */
 
-#define PIPE_SIZE (256 * 1024) /* asked for; the kernel's default (64 KiB) if refused */
-#define PIPES_KEPT 64
+/* A pipe holds 64 KiB by default. One the kernel made smaller (the user
+ * is past pipe-user-pages-soft, counted over all its processes) is not
+ * used: the body is copied instead, as before splicing. */
+#define PIPE_MIN (64 * 1024)
+#define PIPES_KEPT 32
 
 static ric_pipe_t *pipes_free;
 static int pipes_kept;
@@ -161,9 +164,14 @@ ric_pipe_get(void)
         free(p);
         return NULL;
     }
-    fcntl(p->fd[1], F_SETPIPE_SZ, PIPE_SIZE);
     size = fcntl(p->fd[1], F_GETPIPE_SZ);
-    p->size = size > 0 ? (size_t) size : 65536;
+    if (size < PIPE_MIN) {
+        close(p->fd[0]);
+        close(p->fd[1]);
+        free(p);
+        return NULL;
+    }
+    p->size = (size_t) size;
     p->len = 0;
     p->next = NULL;
     return p;
