@@ -168,6 +168,35 @@ setup(ric_request_t *r)
 
 /* --- attempts and waits ---------------------------------------------------- */
 
+/* Request heads' buffers kept for the next requests (one a request, not
+ * one grown anew each time); a head grown past HEAD_KEPT_MAX goes. */
+#define HEADS_KEPT 32
+#define HEAD_KEPT_MAX (16 * 1024)
+
+static ric_buf_t heads_free[HEADS_KEPT];
+static int heads_kept;
+
+static void
+head_take(ric_buf_t *b)
+{
+    if (heads_kept > 0) {
+        *b = heads_free[--heads_kept];
+        b->len = 0;
+    }
+}
+
+static void
+head_give(ric_buf_t *b)
+{
+    if (RIC_RECYCLE && b->data != NULL && b->size <= HEAD_KEPT_MAX && heads_kept < HEADS_KEPT) {
+        heads_free[heads_kept++] = *b;
+        b->data = NULL;
+        b->len = b->size = 0;
+        return;
+    }
+    ric_buf_free(b);
+}
+
 /* Freed attempts kept for the next ones. */
 #define ATTEMPTS_KEPT 32
 
@@ -236,7 +265,7 @@ attempts_cleanup(void *data)
         attempt_free(r->answer);
     }
     a->current = a->racing = a->kept = a->draining = r->answer = NULL;
-    ric_buf_free(&a->head);
+    head_give(&a->head);
     ric_buf_free(&a->hedge_head);
 }
 
@@ -948,6 +977,7 @@ ric_attempts_phase(ric_request_t *r)
     }
     if (a == NULL) {
         a = r->attempts = ric_pcalloc(r->pool, sizeof(*a));
+        head_take(&a->head);
         setup(r);
         evtimer_assign(&a->wait_timer, r->c->base, on_wait_done, r);
         evtimer_assign(&a->hedge_timer, r->c->base, on_hedge_time, r);
