@@ -168,28 +168,28 @@ setup(ric_request_t *r)
 
 /* --- attempts and waits ---------------------------------------------------- */
 
-/* Request heads' buffers kept for the next requests (one a request, not
- * one grown anew each time); a head grown past HEAD_KEPT_MAX goes. */
-#define HEADS_KEPT 32
-#define HEAD_KEPT_MAX (16 * 1024)
+/* Request heads' buffers, of HEAD_SIZE (one that grew past it goes),
+ * and freed attempts, kept for the next requests. */
+#define HEAD_SIZE 4096
 
-static ric_buf_t heads_free[HEADS_KEPT];
-static int heads_kept;
+static ric_keep_t heads = RIC_KEEP(32);
+static ric_keep_t attempts = RIC_KEEP(32);
 
 static void
 head_take(ric_buf_t *b)
 {
-    if (heads_kept > 0) {
-        *b = heads_free[--heads_kept];
-        b->len = 0;
+    b->data = ric_keep_take(&heads);
+    if (b->data == NULL) {
+        b->data = ric_xmalloc(HEAD_SIZE);
     }
+    b->size = HEAD_SIZE;
+    b->len = 0;
 }
 
 static void
 head_give(ric_buf_t *b)
 {
-    if (RIC_RECYCLE && b->data != NULL && b->size <= HEAD_KEPT_MAX && heads_kept < HEADS_KEPT) {
-        heads_free[heads_kept++] = *b;
+    if (b->size == HEAD_SIZE && ric_keep_give(&heads, b->data)) {
         b->data = NULL;
         b->len = b->size = 0;
         return;
@@ -197,29 +197,19 @@ head_give(ric_buf_t *b)
     ric_buf_free(b);
 }
 
-/* Freed attempts kept for the next ones. */
-#define ATTEMPTS_KEPT 32
-
-static ric_attempt_t *attempts_free;
-static int attempts_kept;
-
 static void
 attempt_free(ric_attempt_t *u)
 {
     if (u == NULL) {
         return;
     }
-    ric_assert(!u->kept); /* freed twice would be handed out twice */
+    ric_assert(!u->recycled); /* freed twice would be handed out twice */
     event_del(&u->try_timer);
     ric_http1_free(&u->client);
-    if (RIC_RECYCLE && attempts_kept < ATTEMPTS_KEPT) {
-        u->kept = 1;
-        u->next_free = attempts_free;
-        attempts_free = u;
-        attempts_kept++;
-        return;
+    u->recycled = 1;
+    if (!ric_keep_give(&attempts, u)) {
+        free(u);
     }
-    free(u);
 }
 
 static void
@@ -307,12 +297,9 @@ attempt_new(ric_request_t *r, ric_buf_t *head)
 {
     ric_attempts_t *a = r->attempts;
     const ric_http_settings_t *s = r->settings;
-    ric_attempt_t *u = attempts_free;
+    ric_attempt_t *u = ric_keep_take(&attempts);
 
-    if (u != NULL) {
-        attempts_free = u->next_free;
-        attempts_kept--;
-    } else {
+    if (u == NULL) {
         u = ric_xmalloc(sizeof(*u));
     }
     memset(u, 0, offsetof(ric_attempt_t, client)); /* the client: ric_http1_init */

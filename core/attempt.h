@@ -24,8 +24,7 @@ struct ric_attempt_s {
     int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
     int failed;          /* its outcome counted as a failure (health, the budget) */
     int hedge;           /* 1: sent as the hedge of the first attempt (retry_hedge) */
-    struct ric_attempt_s *next_free; /* kept for reuse once freed (attempt.c) */
-    int kept;                        /* ...and it is on that list now */
+    int recycled;        /* freed, and kept for a next attempt (attempt.c) */
     ric_http1_t client;  /* the exchange with the upstream server (last: ric_http1_init
                           * clears it, attempt_new the rest) */
 };

@@ -280,13 +280,12 @@ conn_stop(ric_conn_t *c)
 #define CONNS_KEPT 64
 #define CONN_OUT_KEPT (16 * 1024)
 
-static ric_conn_t *conns_free;
-static int conns_kept;
+static ric_keep_t conns = RIC_KEEP(CONNS_KEPT);
 
 static ric_conn_t *
 conn_alloc(void)
 {
-    ric_conn_t *c = conns_free;
+    ric_conn_t *c = ric_keep_take(&conns);
     u_char *in;
     size_t in_size;
     ric_buf_t out;
@@ -294,8 +293,6 @@ conn_alloc(void)
     if (c == NULL) {
         return ric_xcalloc(1, sizeof(*c));
     }
-    conns_free = c->next_free;
-    conns_kept--;
     in = c->in;
     in_size = c->in_size;
     out = c->out;
@@ -310,22 +307,19 @@ conn_alloc(void)
 static void
 conn_free(ric_conn_t *c)
 {
-    ric_assert(!c->kept); /* freed twice would be handed out twice */
-    if (RIC_RECYCLE && conns_kept < CONNS_KEPT) {
-        /* the buffers a large head or an own answer grew go: a kept
-         * connection holds what an ordinary request needs */
-        if (c->in_size > CONN_IN_INITIAL) {
-            free(c->in);
-            c->in = NULL;
-            c->in_size = 0;
-        }
-        if (c->out.size > CONN_OUT_KEPT) {
-            ric_buf_free(&c->out);
-        }
-        c->kept = 1;
-        c->next_free = conns_free;
-        conns_free = c;
-        conns_kept++;
+    ric_assert(!c->recycled); /* freed twice would be handed out twice */
+    /* the buffers a large head or an own answer grew go: a kept
+     * connection holds what an ordinary request needs */
+    if (c->in_size > CONN_IN_INITIAL) {
+        free(c->in);
+        c->in = NULL;
+        c->in_size = 0;
+    }
+    if (c->out.size > CONN_OUT_KEPT) {
+        ric_buf_free(&c->out);
+    }
+    c->recycled = 1;
+    if (ric_keep_give(&conns, c)) {
         return;
     }
     free(c->in);

@@ -132,8 +132,7 @@ struct ric_conn_s {
 
     int gauge;               /* 1 + its state in the instance's gauges; 0: not counted */
     ric_link_t link;         /* in its set */
-    struct ric_conn_s *next_free; /* kept for the next connection once freed (conn.c) */
-    int kept;                     /* ...and it is on that list now */
+    int recycled;            /* freed, and kept for a next connection (conn.c) */
 };
 
 /* Takes over an accepted, non-blocking socket. Returns RIC_OK, or RIC_ERROR

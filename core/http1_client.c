@@ -16,50 +16,15 @@
 static void on_read(ric_upconn_t *uc, short what);
 static void on_write(ric_upconn_t *uc, short what);
 
-/* Response buffers given back, kept for the next exchange (their first
- * bytes hold the link). */
-#define BUFS_KEPT 32
-
-static void *bufs_free;
-static int bufs_kept;
-
-static u_char *
-buf_get(void)
-{
-    void *b = bufs_free;
-
-    if (b == NULL) {
-        return ric_xmalloc(RIC_HTTP1_BUF_SIZE);
-    }
-    memcpy(&bufs_free, b, sizeof(void *));
-    bufs_kept--;
-    return b;
-}
-
-static void
-buf_put(u_char *b)
-{
-    if (b == NULL) {
-        return;
-    }
-    if (!RIC_RECYCLE || bufs_kept == BUFS_KEPT) {
-        free(b);
-        return;
-    }
-    memcpy(b, &bufs_free, sizeof(void *));
-    bufs_free = b;
-    bufs_kept++;
-}
+/* Response buffers given back, kept for the next exchange. */
+static ric_keep_t bufs = RIC_KEEP(32);
 
 void
 ric_http1_init(ric_http1_t *h, const ric_http1_handler_t *handler, void *data,
                ric_upstream_t *up, ric_http_method_t method)
 {
-    /* all but the response's fields array, which ric_http_msg_init leaves */
     memset(h, 0, offsetof(ric_http1_t, resp));
-    memset((u_char *) h + offsetof(ric_http1_t, resp) + sizeof(h->resp), 0,
-           sizeof(*h) - offsetof(ric_http1_t, resp) - sizeof(h->resp));
-    ric_http_msg_init(&h->resp);
+    ric_http_msg_init(&h->resp); /* all but its fields array */
     h->handler = handler;
     h->data = data;
     h->up = up;
@@ -75,8 +40,8 @@ ric_http1_start(ric_http1_t *h, ric_peer_t *peer, int careful, const u_char *req
     h->req_len = req_len;
     h->body = body;
     h->upload = upload;
-    if (h->buf == NULL) {
-        h->buf = buf_get();
+    if (h->buf == NULL && (h->buf = ric_keep_take(&bufs)) == NULL) {
+        h->buf = ric_xmalloc(RIC_HTTP1_BUF_SIZE);
     }
     h->uc = ric_upstream_pool_get(h->up, peer, careful);
     if (h->uc != NULL) {
@@ -740,7 +705,9 @@ ric_http1_free(ric_http1_t *h)
         ric_upconn_close(h->uc);
         h->uc = NULL;
     }
-    buf_put(h->buf);
+    if (h->buf != NULL && !ric_keep_give(&bufs, h->buf)) {
+        free(h->buf);
+    }
     h->buf = NULL;
 }
 

@@ -73,7 +73,6 @@ struct ric_http1_s {
     size_t buf_len;
     size_t relay_start; /* buf[relay_start, relay_end) is for the caller */
     size_t relay_end;
-    ric_http_msg_t resp;
     ric_http_chunked_t chunked;
     uint64_t body_left;
     int dechunk;        /* the chunked body is decoded in place */
@@ -85,6 +84,7 @@ struct ric_http1_s {
     ric_pipe_t *pipe;   /* BODY, spliced: the body's bytes after buf's go through it */
     char tls_error[200]; /* why a handshake failed, for failed()'s what */
     int tls_failed;      /* ...and that it did */
+    ric_http_msg_t resp; /* the response's head (last: ric_http1_init leaves its fields array) */
 };
 
 /* Prepares h; nothing is allocated or connected yet. */

@@ -143,20 +143,16 @@ ric_io_sendfile(ric_io_t *io, int file_fd, off_t *offset, size_t n)
  * is past pipe-user-pages-soft, counted over all its processes) is not
  * used: the body is copied instead, as before splicing. */
 #define PIPE_MIN (64 * 1024)
-#define PIPES_KEPT 32
 
-static ric_pipe_t *pipes_free;
-static int pipes_kept;
+static ric_keep_t pipes = RIC_KEEP(32);
 
 ric_pipe_t *
 ric_pipe_get(void)
 {
-    ric_pipe_t *p = pipes_free;
+    ric_pipe_t *p = ric_keep_take(&pipes);
     int size;
 
     if (p != NULL) {
-        pipes_free = p->next;
-        pipes_kept--;
         return p;
     }
     p = ric_xmalloc(sizeof(*p));
@@ -173,7 +169,6 @@ ric_pipe_get(void)
     }
     p->size = (size_t) size;
     p->len = 0;
-    p->next = NULL;
     return p;
 }
 
@@ -183,10 +178,7 @@ ric_pipe_put(ric_pipe_t *p)
     if (p == NULL) {
         return;
     }
-    if (p->len == 0 && pipes_kept < PIPES_KEPT) {
-        p->next = pipes_free;
-        pipes_free = p;
-        pipes_kept++;
+    if (p->len == 0 && ric_keep_give(&pipes, p)) {
         return;
     }
     close(p->fd[0]);

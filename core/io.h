@@ -92,11 +92,11 @@ ric_io_pending(ric_io_t *io)
  * never copied into user space (Linux splice(2); plain sockets only) --- */
 
 /* A pipe holding len bytes of a body on their way (of size bytes at most). */
-typedef struct ric_pipe_s {
+typedef struct {
+    void *link; /* first: what the process's list of empty pipes writes over (ric_keep_t) */
     int fd[2];
     size_t len;
     size_t size;
-    struct ric_pipe_s *next; /* on the process's free list */
 } ric_pipe_t;
 
 /* An empty pipe: one kept from before, or a new one. NULL when none can

@@ -170,4 +170,23 @@ ric_str_eq_lower(ric_str_t s, const char *lower)
 #define RIC_RECYCLE 1
 #endif
 
+/* Freed objects of one kind kept for the next (a worker's attempts,
+ * connections, response and head buffers, pipes): a stack linked through
+ * the first bytes of each kept object, at most max long, always empty
+ * when RIC_RECYCLE is 0. */
+typedef struct {
+    void *top;
+    int n;
+    int max;
+} ric_keep_t;
+
+#define RIC_KEEP(max) { NULL, 0, (max) }
+
+/* A kept object (its first pointer's worth of bytes overwritten), or NULL. */
+void *ric_keep_take(ric_keep_t *k);
+
+/* Keeps obj: 1; 0 when the stack is full (or recycling is off): the
+ * caller frees it. */
+int ric_keep_give(ric_keep_t *k, void *obj);
+
 #endif /* RIC_CORE_H */

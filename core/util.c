@@ -139,6 +139,30 @@ ric_str_eq_lower_n(ric_str_t s, const char *lower, size_t n)
     return 1;
 }
 
+void *
+ric_keep_take(ric_keep_t *k)
+{
+    void *obj = k->top;
+
+    if (obj != NULL) {
+        memcpy(&k->top, obj, sizeof(void *));
+        k->n--;
+    }
+    return obj;
+}
+
+int
+ric_keep_give(ric_keep_t *k, void *obj)
+{
+    if (!RIC_RECYCLE || k->n >= k->max) {
+        return 0;
+    }
+    memcpy(obj, &k->top, sizeof(void *));
+    k->top = obj;
+    k->n++;
+    return 1;
+}
+
 void
 ric_buf_grow(ric_buf_t *b, size_t n)
 {
