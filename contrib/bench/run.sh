@@ -12,7 +12,7 @@
 #
 # knobs: BENCH_SCENARIOS (the list above, in that order), BENCH_DURATION (s per run, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS
 # (50), BENCH_THREADS (1), BENCH_WARMUP (s per proxy and size, 1; 0 skips),
-# BENCH_STRACE=1 (after the table, count each proxy worker's system calls per
+# BENCH_STRACE=1 (after the table, for each scenario, count each proxy worker's system calls per
 # request with `strace -c` during a BENCH_STRACE_DURATION (3) s wrk run),
 # BENCH_PIN=1 (wrk on CPU 0; the upstream and the proxies on CPU 1, so the
 # proxy's CPU cost per request decides; it did not reduce the spread here),
@@ -525,20 +525,20 @@ if [ "$STRACE" = 1 ]; then
     command -v strace >/dev/null 2>&1 || die "strace is missing"
     echo
     echo "system calls per request: strace -c -f -p WORKER during wrk -t$THREADS -c$CONNS -d${STRACE_DURATION}s (slowed by strace)"
-    for size in $SIZES; do
-        for name in $(proxies_at "$size"); do
+    for scenario in $SCENARIOS; do
+        for name in $(proxies_at "$scenario"); do
             w=$(worker_of "$name")
             strace -c -f -p "$w" -o "$dir/strace.out" 2> "$dir/strace.err" &
             spid=$!
             sleep 0.5
-            wrk_run "$name" "$size" "$STRACE_DURATION" || true
+            wrk_run "$name" "$scenario" "$STRACE_DURATION" || true
             kill -INT "$spid" 2>/dev/null || true
             wait "$spid" || true
             check_alive "$name" "$cmd under strace"
             reqs=$(awk '/requests in/ {print $1}' "$dir/wrk.out")
             [ "${reqs:-0}" -gt 0 ] || die "no requests in $cmd under strace: $(cat "$dir/wrk.out")"
             # strace -c: "% time seconds usecs/call calls [errors] syscall", then a "total" line
-            awk -v name="$name" -v size="$size" -v reqs="$reqs" '
+            awk -v name="$name" -v scenario="$scenario" -v reqs="$reqs" '
             $1 ~ /^[0-9.]+$/ && $NF != "total" && NF >= 5 {
                 c[$NF] = $4; e[$NF] = (NF == 6) ? $5 : 0; order[++m] = $NF; total += $4
             }
@@ -552,7 +552,7 @@ if [ "$STRACE" = 1 ]; then
                     line = line ","
                 }
                 sub(/,$/, "", line)
-                printf "%-4s %-15s %7d requests %5.2f calls/request:%s\n", size, name, reqs, total / reqs, line
+                printf "%-9s %-15s %7d requests %5.2f calls/request:%s\n", scenario, name, reqs, total / reqs, line
             }' "$dir/strace.out"
         done
     done
