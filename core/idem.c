@@ -166,7 +166,7 @@ new_token(u_char *token)
         owner = getpid(); /* drawn again in every worker */
         if (RAND_bytes(prefix, sizeof(prefix)) != 1) {
             /* no randomness: the process and the moment are unique enough */
-            ric_idem_put64(prefix, ((uint64_t) owner << 40) ^ (uint64_t) ric_now_us());
+            ric_idem_put64(prefix, ((uint64_t) owner << 40) ^ (uint64_t) ric_now_exact_us());
         }
         count = 0;
     }

@@ -82,9 +82,16 @@ char *ric_xstrdup(const char *s);
 #define ric_min(a, b) ((a) < (b) ? (a) : (b))
 #define ric_max(a, b) ((a) > (b) ? (a) : (b))
 
-/* The one monotonic clock: every deadline and duration is read from it. */
+/* The one monotonic clock: every deadline and duration is read from it
+ * (clock.c). Within a turn of ric_clock_dispatch's loop, ric_now_* is the
+ * turn's moment, read once; elsewhere, and ric_now_exact_us always, the
+ * clock itself. */
+struct event_base;
 int64_t ric_now_ms(void);
 int64_t ric_now_us(void);
+int64_t ric_now_exact_us(void);
+int ric_clock_dispatch(struct event_base *base); /* event_base_dispatch, a turn at a time */
+void ric_clock_update(void); /* after a long callback: the moment read again */
 int64_t ric_wall_ms(void); /* the wall clock, for what is shown to people */
 
 /* Opens a log file for appending (created 0644). A FIFO nobody reads

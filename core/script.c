@@ -134,7 +134,7 @@ static int
 over_bound(void)
 {
     return call_stopped || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
-           || ric_now_ms() - call_start_ms > ric_script_timeout_ms;
+           || ric_now_exact_us() / 1000 - call_start_ms > ric_script_timeout_ms;
 }
 
 /* sandbox.lua's guard: the clock checked after a library call that can
@@ -184,7 +184,7 @@ call(int nargs, int nres)
 
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_traceback);
     lua_insert(L, base);
-    call_start_ms = ric_now_ms();
+    call_start_ms = ric_now_exact_us() / 1000; /* the turn's now may be old */
     call_ticks = 0;
     call_stopped = 0;
     call_running = 1;
@@ -194,6 +194,9 @@ call(int nargs, int nres)
     lua_sethook(L, NULL, 0, 0);
     call_running = 0;
     lua_remove(L, base);
+    if (ric_now_exact_us() / 1000 - call_start_ms >= 1) {
+        ric_clock_update(); /* a long call: what follows in this turn sees its end */
+    }
     if (rc != 0 && mem_over) {
         lua_pushfstring(L, "stopped: it used more memory than script_memory_max allows (%d "
                         "MiB for the scripts' state): %s", (int) (ric_script_memory_max >> 20),
@@ -958,7 +961,7 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
     set_raw("number");
     lua_pushstring(L, ric_retry_class_name(class));
     set_raw("class");
-    lua_pushnumber(L, (double) (ric_now_us() - r->start_us) / 1e6);
+    lua_pushnumber(L, (double) (ric_now_exact_us() - r->start_us) / 1e6);
     set_raw("elapsed");
     lua_pushnumber(L, (double) ric_max(r->deadline_ms - now, (int64_t) 0) / 1e3);
     set_raw("remaining");
@@ -1045,7 +1048,7 @@ ric_script_log_cleanup(void *data)
     set_string("path", ric_request_span(r, m->target_off, m->target_len));
     lua_pushinteger(L, ric_request_final_status(r));
     lua_setfield(L, -2, "status");
-    lua_pushnumber(L, (double) (ric_now_us() - r->start_us) / 1e6);
+    lua_pushnumber(L, (double) (ric_now_exact_us() - r->start_us) / 1e6);
     lua_setfield(L, -2, "duration");
     if (r->log.upstream != NULL) {
         lua_pushstring(L, r->log.upstream);

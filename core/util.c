@@ -1,4 +1,4 @@
-/* util.c: the clocks, allocation wrappers, assertion failure and small string helpers. */
+/* util.c: allocation wrappers, assertion failure and small string helpers. */
 #include "ric_core.h"
 
 #include <openssl/rand.h>
@@ -7,21 +7,6 @@
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
-
-int64_t
-ric_now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-int64_t
-ric_now_ms(void)
-{
-    return ric_now_us() / 1000;
-}
 
 int
 ric_open_append(const char *path)
@@ -32,31 +17,6 @@ ric_open_append(const char *path)
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     }
     return fd;
-}
-
-int64_t
-ric_wall_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-const char *
-ric_date_now(void)
-{
-    static char date[40];
-    static time_t date_sec = -1;
-    struct tm tm;
-    time_t now = time(NULL); /* the vDSO's: no system call */
-
-    if (now != date_sec) {
-        date_sec = now;
-        gmtime_r(&now, &tm);
-        strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    }
-    return date;
 }
 
 struct timeval
@@ -242,7 +202,7 @@ ric_uuid_v4(char *out)
     if (RAND_bytes(b, sizeof(b)) != 1) {
         /* OpenSSL's generator failed: the time and the pid still make a
          * key that is unique enough to dedupe on, never a crash */
-        int64_t t = ric_now_us();
+        int64_t t = ric_now_exact_us();
         pid_t pid = getpid();
         memset(b, 0, sizeof(b));
         memcpy(b, &t, sizeof(t));

@@ -304,7 +304,7 @@ ric_worker_run(ric_conf_t *conf)
     accept_enable(w, 1);
     kill(getppid(), RIC_SIG_WORKER_READY); /* a reload waits for this before the old ones go */
 
-    event_base_dispatch(w->base);
+    ric_clock_dispatch(w->base); /* the clock read once a turn */
 
     /* a second stop signal (the master forwards what a terminal already
      * sent the whole group) must not kill us halfway through the cleanup */
