@@ -540,17 +540,14 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
                 goto bad_value;
             }
             f->value_off = pos;
-            m->tok_end = pos + 1;
             state = S_VALUE;
             break;
 
         case S_VALUE:
-            if (is_class(ch, CH_FIELD)) {
-                RUN(SECTION_RUN_END, is_class(buf[pos + 1], CH_FIELD));
-                m->tok_end = pos + 1;
-                break;
-            }
-            if (is_class(ch, CH_WS)) {
+            /* spaces inside a value ("Thu, 03 Dec 2026 ...") are taken in
+             * the run; the trailing ones are trimmed at its end */
+            if (is_class(ch, CH_FIELD | CH_WS)) {
+                RUN(SECTION_RUN_END, is_class(buf[pos + 1], CH_FIELD | CH_WS));
                 break;
             }
             if (ch != CR) {
@@ -560,7 +557,10 @@ parse_head(ric_http_msg_t *m, const u_char *buf, size_t len)
                 goto bad_value;
             }
             f = &m->fields[m->nfields];
-            f->value_len = m->tok_end - f->value_off;
+            f->value_len = pos - f->value_off;
+            while (is_class(buf[f->value_off + f->value_len - 1], CH_WS)) {
+                f->value_len--; /* stops at the first byte: S_VALUE_OWS took no space */
+            }
             state = S_FIELD_LF;
             break;
 
@@ -986,6 +986,7 @@ finish_request(ric_http_msg_t *m, const u_char *buf)
     } else {
         m->keep_alive = h.conn_keep_alive && !h.conn_close;
     }
+    m->close_asked = h.conn_close;
     m->upgrade = h.conn_upgrade && h.upgrade_field;
 
     return RIC_OK;

@@ -47,7 +47,6 @@ struct ric_http_msg_s {
     uint32_t pos;        /* next byte to examine */
     uint32_t line_start; /* start of the current line */
     uint32_t tok_start;  /* start of the current token */
-    uint32_t tok_end;    /* end of field value without trailing OWS */
     uint32_t section_start; /* start of the field section (for its limit) */
 
     /* --- results, valid once a parse returned RIC_OK --- */
@@ -71,6 +70,7 @@ struct ric_http_msg_s {
     ric_http_body_t body;
     uint64_t content_length; /* when body == RIC_BODY_LENGTH */
     int keep_alive;          /* after version and Connection */
+    int close_asked;         /* Connection: close (a client then sends no more, RFC 9112 §9.6) */
     int expect_continue;     /* request had "Expect: 100-continue" */
     int host_index;          /* index into fields, -1 if none */
     int upgrade;             /* Connection: upgrade with an Upgrade field */
