@@ -116,6 +116,12 @@ ric_headers_copy(const u_char *buf, const ric_http_msg_t *m,
             continue;
         }
         value = ric_field_value(buf, m, i);
+        if (value.data == name.data + name.len + 2 && name.data[name.len] == ':'
+            && name.data[name.len + 1] == ' ' && value.data[value.len] == '\r'
+            && value.data[value.len + 1] == '\n') {
+            put(ctx, name.data, name.len + value.len + 4); /* as it came: one piece */
+            continue;
+        }
         put(ctx, name.data, name.len);
         put(ctx, ": ", 2);
         put(ctx, value.data, value.len);
