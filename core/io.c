@@ -173,6 +173,12 @@ ric_pipe_get(void)
 }
 
 void
+ric_pipe_keep(int max)
+{
+    pipes.max = max;
+}
+
+void
 ric_pipe_put(ric_pipe_t *p)
 {
     if (p == NULL) {

@@ -103,9 +103,15 @@ typedef struct {
  * be made (out of descriptors): the caller copies instead. */
 ric_pipe_t *ric_pipe_get(void);
 
-/* Gives a pipe back: an empty one is kept for the next body (up to a
- * few), one with bytes left in it (a body broken off) is closed. */
+/* Gives a pipe back: an empty one is kept for the next body (up to
+ * ric_pipe_keep's bound), one with bytes left in it (a body broken off)
+ * is closed. */
 void ric_pipe_put(ric_pipe_t *p);
+
+/* How many empty pipes a worker keeps (32 until set): as many as its
+ * large answers under way at once need, or each would make and close a
+ * pipe (pipe2, fcntl, two closes). */
+void ric_pipe_keep(int max);
 
 /* Whether io's bytes may be spliced (a plain socket, not TLS). */
 static inline int

@@ -286,6 +286,9 @@ ric_worker_run(ric_conf_t *conf)
     }
     w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
     w->upstreams = ric_upstream_init_all(conf, w->base);
+    /* empty pipes kept for spliced bodies: one for every eighth connection
+     * (two descriptors each, held only after that many were in use) */
+    ric_pipe_keep(ric_max(32, conf->worker_connections / 8));
     requests_of(w, &w->conns, &w->pipeline, ric_pipeline_phases, ric_pipeline_nphases);
     w->conns.max = conf->worker_connections;
     w->conns.counted = 1; /* the admin listener's are not the gateway's */
