@@ -103,6 +103,7 @@ ric_io_init_plain(ric_io_t *io, int fd)
     io->fd = fd;
     io->ops = &ric_io_plain;
     io->want = 0;
+    io->dry = 0;
     io->tls = NULL;
 }
 

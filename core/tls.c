@@ -17,6 +17,7 @@ failure(ric_io_t *io, int rc)
     switch (SSL_get_error(io->tls, rc)) {
     case SSL_ERROR_WANT_READ:
         io->want = RIC_IO_WANT_READ;
+        io->dry = 1; /* what OpenSSL holds, if anything, is a record in part */
         return RIC_AGAIN;
     case SSL_ERROR_WANT_WRITE:
         io->want = RIC_IO_WANT_WRITE;
@@ -54,7 +55,11 @@ tls_read(ric_io_t *io, void *buf, size_t n)
     clear_errors();
     errno = 0;
     rc = SSL_read_ex(io->tls, buf, n, &got);
-    return rc == 1 ? (ssize_t) got : failure(io, rc);
+    if (rc == 1) {
+        io->dry = 0;
+        return (ssize_t) got;
+    }
+    return failure(io, rc);
 }
 
 static ssize_t
@@ -121,13 +126,15 @@ tls_peek_alive(ric_io_t *io)
     return rc != 1 && SSL_get_error(io->tls, rc) == SSL_ERROR_WANT_READ;
 }
 
-/* Decrypted bytes only: part of a record still arriving is announced by
- * the socket (OpenSSL reads no further ahead than the record it is on),
- * and counting it would wake the reader in a loop with nothing to read. */
+/* Decrypted bytes, or records taken off the socket ahead (a client's
+ * connection reads ahead: ric_tls_handshake) and not yet read. Not once
+ * a read wanted more: then what OpenSSL holds is a record in part, the
+ * socket announces the rest, and counting it would wake the reader in a
+ * loop with nothing to read. */
 static int
 tls_pending(ric_io_t *io)
 {
-    return SSL_pending(io->tls) > 0;
+    return SSL_pending(io->tls) > 0 || (!io->dry && SSL_has_pending(io->tls));
 }
 
 static void
@@ -255,6 +262,7 @@ ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, int sni, SSL_SESSI
     }
     SSL_set_connect_state(ssl);
     io->tls = ssl;
+    io->dry = 0;
     io->ops = &ric_io_tls;
     return RIC_OK;
 }
@@ -280,6 +288,7 @@ ric_tls_accept(ric_io_t *io, SSL_CTX *ctx)
     }
     SSL_set_accept_state(ssl);
     io->tls = ssl;
+    io->dry = 0;
     io->ops = &ric_io_tls;
     return RIC_OK;
 }
@@ -296,6 +305,14 @@ ric_tls_handshake(ric_io_t *io, char *err, size_t errlen)
     errno = 0;
     rc = SSL_do_handshake(io->tls);
     if (rc == 1) {
+        if (SSL_is_server(io->tls)) {
+            /* from now on a read takes what the socket has, not a record
+             * header and then its body: one system call a request, not
+             * two (the handshake read record by record, so that plain
+             * HTTP is told apart before anything more is taken) */
+            SSL_set_read_ahead(io->tls, 1);
+        }
+        io->dry = 0;
         return RIC_OK;
     }
     r = failure(io, rc);
