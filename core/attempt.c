@@ -320,7 +320,7 @@ attempt_send(ric_attempt_t *u, ric_peer_t *peer, const ric_buf_t *head)
 {
     ric_request_t *r = u->r;
 
-    u->start_us = ric_now_us();
+    u->start_us = ric_now_exact_us(); /* the hedge's delay and the p95 count from the send */
     if (r->body_mode != RIC_REQ_BODY_STREAM) {
         arm_try_timer(u); /* a streamed body's clock starts when it has been sent */
     }
@@ -388,7 +388,7 @@ on_hedge_time(evutil_socket_t fd, short what, void *arg)
     }
     /* the loop's timers run on a cached, coarse clock and may fire a
      * millisecond or two early: a hedge never goes before its delay */
-    early_us = a->hedge_after_ms * 1000 - (ric_now_us() - first->start_us);
+    early_us = a->hedge_after_ms * 1000 - (ric_now_exact_us() - first->start_us);
     if (early_us > 0) {
         tv.tv_sec = 0;
         tv.tv_usec = (suseconds_t) ric_min(early_us + 100, (int64_t) 999999);
@@ -404,7 +404,7 @@ on_hedge_time(evutil_socket_t fd, short what, void *arg)
     u = attempt_new(r, &a->hedge_head);
     u->hedge = 1;
     u->paid = paid;
-    u->wait_us = ric_now_us() - first->start_us;
+    u->wait_us = ric_now_exact_us() - first->start_us;
     a->racing = u;
     ric_log_error(RIC_LOG_INFO, 0, "hedging: attempt %d, no answer from %s after %lldms, "
                   "client: %s", u->number, first->client.peer->conf->addr_text,
@@ -575,7 +575,7 @@ record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass
     ric_attempts_t *a = r->attempts;
     ric_access_entry_t *e = &r->log;
     ric_attempt_record_t *rec;
-    int64_t took = ric_now_us() - u->start_us;
+    int64_t took = ric_now_exact_us() - u->start_us;
 
     e->attempts_total++;
     if (e->nattempts >= RIC_MAX_ATTEMPTS) {

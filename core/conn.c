@@ -749,13 +749,15 @@ start_linger(ric_conn_t *c)
  * input does): pipelined bytes, a body not read whole, or bytes waiting
  * in the socket (the client's end of stream alone is not one: a client
  * that read its answer and closed gets a plain close back). As nginx,
- * only then is the close a lingering one. A client that asked to close
+ * only then is the close a lingering one (records TLS took off the socket
+ * ahead are unread input too). A client that asked to close
  * sends nothing after its request (RFC 9112 §9.6): the socket is not
  * asked then, a system call less on every such request. */
 static int
 unread_input(ric_conn_t *c)
 {
     return c->in_len > c->in_used || (c->msg.body != RIC_BODY_NONE && !c->body_complete)
+           || ric_io_pending(&c->io) /* records TLS read ahead */
            || (!c->msg.close_asked && ric_io_unread(&c->io));
 }
 

@@ -39,7 +39,7 @@ struct ric_io_s {
     int fd;
     const ric_io_ops_t *ops;
     int want;  /* after RIC_AGAIN: RIC_IO_WANT_READ or RIC_IO_WANT_WRITE */
-    int dry;   /* TLS: the last step wanted more bytes from the socket */
+    int dry;   /* TLS: the last step waited on the socket (to read or to write) */
     void *tls; /* the TLS session of a TLS socket; NULL for plain */
 };
 

@@ -21,6 +21,11 @@ failure(ric_io_t *io, int rc)
         return RIC_AGAIN;
     case SSL_ERROR_WANT_WRITE:
         io->want = RIC_IO_WANT_WRITE;
+        /* nor is anything read ahead kicked while OpenSSL must write
+         * first (a TLS 1.3 KeyUpdate's answer into a full send buffer):
+         * each kick would fail the same way, in a loop that never gives
+         * the event loop back */
+        io->dry = 1;
         return RIC_AGAIN;
     case SSL_ERROR_ZERO_RETURN:
         return 0; /* close_notify, or (SSL_OP_IGNORE_UNEXPECTED_EOF) a bare close */
