@@ -79,7 +79,7 @@ use(const ric_script_t *s)
 
 #define HOOK_EVERY 1000 /* instructions between checks */
 
-static int64_t call_start_ms;
+static int64_t call_start_us;
 static int64_t call_ticks;
 static int call_stopped;
 static int call_running;     /* a bounded call is on the stack */
@@ -134,7 +134,7 @@ static int
 over_bound(void)
 {
     return call_stopped || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
-           || ric_now_exact_us() / 1000 - call_start_ms > ric_script_timeout_ms;
+           || ric_now_exact_us() - call_start_us > ric_script_timeout_ms * 1000;
 }
 
 /* sandbox.lua's guard: the clock checked after a library call that can
@@ -184,7 +184,7 @@ call(int nargs, int nres)
 
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_traceback);
     lua_insert(L, base);
-    call_start_ms = ric_now_exact_us() / 1000; /* the turn's now may be old */
+    call_start_us = ric_now_exact_us(); /* the turn's now may be old */
     call_ticks = 0;
     call_stopped = 0;
     call_running = 1;
@@ -194,7 +194,7 @@ call(int nargs, int nres)
     lua_sethook(L, NULL, 0, 0);
     call_running = 0;
     lua_remove(L, base);
-    if (ric_now_exact_us() / 1000 - call_start_ms >= 1) {
+    if (ric_now_exact_us() - call_start_us >= 1000) {
         ric_clock_update(); /* a long call: what follows in this turn sees its end */
     }
     if (rc != 0 && mem_over) {

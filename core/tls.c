@@ -14,17 +14,17 @@
 static ssize_t
 failure(ric_io_t *io, int rc)
 {
-    switch (SSL_get_error(io->tls, rc)) {
+    int e = SSL_get_error(io->tls, rc);
+
+    switch (e) {
     case SSL_ERROR_WANT_READ:
-        io->want = RIC_IO_WANT_READ;
-        io->dry = 1; /* what OpenSSL holds, if anything, is a record in part */
-        return RIC_AGAIN;
     case SSL_ERROR_WANT_WRITE:
-        io->want = RIC_IO_WANT_WRITE;
-        /* nor is anything read ahead kicked while OpenSSL must write
-         * first (a TLS 1.3 KeyUpdate's answer into a full send buffer):
-         * each kick would fail the same way, in a loop that never gives
-         * the event loop back */
+        io->want = e == SSL_ERROR_WANT_READ ? RIC_IO_WANT_READ : RIC_IO_WANT_WRITE;
+        /* nothing read ahead is kicked until a read succeeds: after a
+         * read wanted more, what OpenSSL holds is a record in part; while
+         * it must write first (a TLS 1.3 KeyUpdate's answer into a full
+         * send buffer), each kick would fail the same way, in a loop that
+         * never gives the event loop back */
         io->dry = 1;
         return RIC_AGAIN;
     case SSL_ERROR_ZERO_RETURN:
@@ -175,6 +175,7 @@ start(ric_io_t *io, SSL_CTX *ctx, SSL **out)
     SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER
                           | SSL_MODE_RELEASE_BUFFERS);
     SSL_set_options(ssl, SSL_OP_IGNORE_UNEXPECTED_EOF);
+    io->dry = 0;
     *out = ssl;
     return RIC_OK;
 }
@@ -267,7 +268,6 @@ ric_tls_connect(ric_io_t *io, SSL_CTX *ctx, const char *name, int sni, SSL_SESSI
     }
     SSL_set_connect_state(ssl);
     io->tls = ssl;
-    io->dry = 0;
     io->ops = &ric_io_tls;
     return RIC_OK;
 }
@@ -293,7 +293,6 @@ ric_tls_accept(ric_io_t *io, SSL_CTX *ctx)
     }
     SSL_set_accept_state(ssl);
     io->tls = ssl;
-    io->dry = 0;
     io->ops = &ric_io_tls;
     return RIC_OK;
 }
