@@ -46,8 +46,9 @@ attacks["/pcall-memory"] = function()
     end)
 end
 attacks["/keep"] = function()
+    -- 4 MB at once: past half of the bound within a dozen steps, whatever the time bound says
     kept = kept or {}
-    for i = 1, 1000 do kept[#kept + 1] = ("y"):rep(1000000) .. i end
+    for i = 1, 1000 do kept[#kept + 1] = ("y"):rep(4000000) .. i end
 end
 attacks["/find"] = function()
     local s = ("x"):rep(16000000)
@@ -66,10 +67,15 @@ xpcall(function() while true do end end, function() while true do end end)
 return {}
 ]]
 
+-- Two bounds, never raced: the time attacks run under the default script_timeout (50ms) and allocate
+-- nothing near script_memory_max; the memory attacks run under a script_timeout of 60s, 1,200 times
+-- the default, so only the memory bound can stop them however slow or busy the machine is (a stop by
+-- time would leave /keep's table below half the bound, and its state would not be made again).
 local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
+    {{TIMEOUT}}
     upstream up { server {{UPSTREAM}}; retry_budget off; }
     server {
         listen 127.0.0.1:{{PORT}};
@@ -88,28 +94,39 @@ local function rss_kb(pid)
     return tonumber(text:match("VmRSS:%s*(%d+)"))
 end
 
+local TIME_BOUND = { SCRIPT = sdir .. "/hostile.lua", TIMEOUT = "" }
+local MEMORY_BOUND = { SCRIPT = sdir .. "/hostile.lua", TIMEOUT = "script_timeout 60s;" }
+
 describe("a hostile route script", function()
-    local up, gw, worker
+    local up, gw, worker, gwm, worker_m
 
     setup(function()
         up = H.start_upstream()
         H.write_file(sdir .. "/hostile.lua", HOSTILE)
         H.write_file(sdir .. "/tag.lua", 'return "yes"\n')
-        gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = sdir .. "/hostile.lua" } })
+        gw = H.start_gateway({ conf = CONF, upstream = up, vars = TIME_BOUND })
         local r = assert(H.request(gw.port, { method = "GET", path = "/warm" }))
         assert(r.status == 200, ctx(gw))
         worker = gw:workers()[1]
+        gwm = H.start_gateway({ conf = CONF, upstream = up, vars = MEMORY_BOUND })
+        r = assert(H.request(gwm.port, { method = "GET", path = "/warm" }))
+        assert(r.status == 200, ctx(gwm))
+        worker_m = gwm:workers()[1]
     end)
 
     teardown(function()
         if gw then gw:stop() end
+        if gwm then gwm:stop() end
         if up then up:stop() end
         H.rm_rf(sdir)
     end)
 
     before_each(function() up:reset() end)
 
-    local function attack(path)
+    -- path against the time-bound gateway, or the memory-bound one when memory is true
+    local function attack(path, memory)
+        local gw, worker = gw, worker -- luacheck: ignore 431
+        if memory then gw, worker = gwm, worker_m end
         up:reset()
         local r = H.request(gw.port, { method = "GET", path = path, timeout = 20 })
         assert.truthy(r, "no answer to " .. path .. "\n" .. ctx(gw))
@@ -162,16 +179,18 @@ describe("a hostile route script", function()
     end)
 
     it("stops memory bombs at script_memory_max and gives the memory back", function()
-        local base = assert(rss_kb(worker))
-        attack("/concat")
-        attack("/keep")
-        attack("/concat")
-        local _, before = gw:log():gsub("more memory than script_memory_max allows", "")
-        attack("/pcall-memory")
-        local _, after_stops = gw:log():gsub("more memory than script_memory_max allows", "")
-        assert.equal(before + 1, after_stops, ctx(gw, "a caught refusal still stops the call"))
-        assert.truthy(gw:log():find("more memory than script_memory_max allows", 1, true), ctx(gw))
-        local after = assert(rss_kb(worker))
+        local base = assert(rss_kb(worker_m))
+        attack("/concat", true)
+        attack("/keep", true)
+        assert.truthy(gwm:log():find("was made again", 1, true), ctx(gwm, "/keep kept more than half"))
+        attack("/concat", true)
+        local _, before = gwm:log():gsub("more memory than script_memory_max allows", "")
+        attack("/pcall-memory", true)
+        local _, after_stops = gwm:log():gsub("more memory than script_memory_max allows", "")
+        assert.equal(before + 1, after_stops, ctx(gwm, "a caught refusal still stops the call"))
+        assert.equal(3, before, ctx(gwm, "each bomb stopped by memory, none by time"))
+        assert.is_nil(gwm:log():find("ran longer than a hook may", 1, true), ctx(gwm))
+        local after = assert(rss_kb(worker_m))
         -- AddressSanitizer's allocator keeps freed memory in quarantine: only a plain build can show it back
         local f = assert(io.open(H.bin(), "rb"))
         local sanitized = f:read("*a"):find("__asan_", 1, true) ~= nil
@@ -193,7 +212,8 @@ return { on_request = function(req)
     req:set_header("X-Caught", tostring(ok) .. " " .. tostring(e))
 end }
 ]=])
-        local gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = script } })
+        local gw = H.start_gateway({ conf = CONF, upstream = up,
+            vars = { SCRIPT = script, TIMEOUT = MEMORY_BOUND.TIMEOUT } })
         local ok, err = pcall(function()
             local r = assert(H.request(gw.port, { method = "GET", path = "/x", timeout = 20 }))
             assert.equal(200, r.status)
@@ -214,7 +234,8 @@ describe("a state made again", function()
         local dir = H.mkdtemp("edit")
         H.write_file(dir .. "/hostile.lua", HOSTILE)
         H.write_file(dir .. "/tag.lua", 'return "yes"\n')
-        local gw = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = dir .. "/hostile.lua" } })
+        local gw = H.start_gateway({ conf = CONF, upstream = up,
+            vars = { SCRIPT = dir .. "/hostile.lua", TIMEOUT = MEMORY_BOUND.TIMEOUT } })
         local ok, err = pcall(function()
             assert(H.request(gw.port, { method = "GET", path = "/warm" }))
             -- both files change on disk; a reload, not a rebuild, is how new text is taken
