@@ -1162,9 +1162,11 @@ function H.start_gateway(opts)
     setmetatable(gw, Gateway)
     if opts.wait == false then return gw end
 
+    -- the listeners accept as soon as the config is read, before the master writes its pid file and
+    -- forks its workers: ready is both, so a `-s reload` right after start finds the master
     local ready = H.wait_until(function()
         if not gw:alive() then return "exited" end
-        if accepts(gw.port) then return "ready" end
+        if accepts(gw.port) and #gw:workers() > 0 then return "ready" end
     end, opts.timeout or 5)
     if ready ~= "ready" then
         local code = gw.exit_code
