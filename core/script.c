@@ -38,6 +38,7 @@ typedef struct ric_script_state_s {
     lua_State *lua;
     ric_script_t *script;
     int ref_traceback, ref_prepare, ref_check, ref_ricochet;
+    int ref_unwind;       /* sandbox.unwind: what a failed call left in flight, put back */
     int ref_sources;      /* file -> its text, as read at the first load (sandbox.lua) */
     int ref_req, ref_res, ref_attempt, ref_req_fields, ref_res_fields, ref_attempt_fields;
     size_t bytes;         /* counted by its allocator */
@@ -55,6 +56,7 @@ static ric_script_t *scripts; /* of every configuration alive in this process */
 #define ref_prepare (cur->ref_prepare)
 #define ref_check (cur->ref_check)
 #define ref_ricochet (cur->ref_ricochet)
+#define ref_unwind (cur->ref_unwind)
 #define ref_sources (cur->ref_sources)
 #define ref_req (cur->ref_req)
 #define ref_res (cur->ref_res)
@@ -194,6 +196,17 @@ call(int nargs, int nres)
     lua_sethook(L, NULL, 0, 0);
     call_running = 0;
     lua_remove(L, base);
+    if (rc != 0) {
+        /* a stopped call skipped the sandbox's ways out (a callback's
+         * depth, a module marked loading): put back before anything else
+         * runs in the state; unbounded and unhooked now, it cannot be
+         * stopped, and it allocates nothing */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ref_unwind);
+        if (lua_pcall(L, 0, 0, 0) != 0) {
+            lua_pop(L, 1);
+            rebuild_pending = 1; /* not put back: a new state has nothing in flight */
+        }
+    }
     if (ric_now_exact_us() - call_start_us >= 1000) {
         ric_clock_update(); /* a long call: what follows in this turn sees its end */
     }
@@ -341,6 +354,8 @@ state_init(char *err, size_t errlen)
     ref_prepare = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "check");
     ref_check = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "unwind");
+    ref_unwind = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "set_guard");
     lua_pushcfunction(L, l_guard);
     if (lua_pcall(L, 1, 0, 0) != 0) {
