@@ -230,13 +230,42 @@ call(int nargs, int nres)
     return rc;
 }
 
-/* The error on top of the stack as text (an error object may be a table). */
+/* Every call's error handler: the message and a traceback. C, so no count
+ * hook interrupts it, and it runs no script code: an error object that is
+ * not a string (error({}), error(nil)) is named by its type, not by its
+ * __tostring, with the FILE:LINE of the script's line that raised it (the
+ * first frame in a script's file: the sandbox passes errors of callbacks
+ * on, and its own line would say nothing). */
+static int
+l_traceback(lua_State *l)
+{
+    lua_Debug ar;
+    int level, found = 0;
+
+    if (!lua_isstring(l, 1)) {
+        for (level = 1; !found && lua_getstack(l, level, &ar); level++) {
+            found = lua_getinfo(l, "Sl", &ar) != 0 && ar.currentline > 0 && ar.source[0] == '@';
+        }
+        if (found) {
+            lua_pushfstring(l, "%s:%d: (error object is a %s value)", ar.short_src, ar.currentline,
+                            luaL_typename(l, 1));
+        } else {
+            lua_pushfstring(l, "(error object is a %s value)", luaL_typename(l, 1));
+        }
+        lua_replace(l, 1);
+    }
+    luaL_traceback(l, l, lua_tostring(l, 1), 1);
+    return 1;
+}
+
+/* The error on top of the stack as text (l_traceback made it one, unless
+ * the call failed before it could run). */
 static const char *
 error_text(void)
 {
     const char *m = lua_tostring(L, -1);
 
-    return m != NULL ? m : lua_pushfstring(L, "(an error object: a %s)", luaL_typename(L, -1));
+    return m != NULL ? m : lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, -1));
 }
 
 /* --- the state ---------------------------------------------------------------- */
@@ -316,10 +345,8 @@ state_init(char *err, size_t errlen)
     luaL_openlibs(L);
     /* the strings' metatable reaches the real string table from any
      * script: sandbox.lua bounds what is there (rep, gsub, ...) */
-    lua_getglobal(L, "debug");
-    lua_getfield(L, -1, "traceback");
+    lua_pushcfunction(L, l_traceback);
     ref_traceback = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_pop(L, 1);
 
     /* api.lua returns function(binding) -> { req, res, attempt, ricochet } */
     if (load_bundled(ric_lua_api, "=ricochet/api.lua", err, errlen) != RIC_OK) {
@@ -595,6 +622,39 @@ ric_script_share(const ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errl
     return RIC_OK;
 }
 
+#define MESSAGE_MAX 1024 /* of an error's message in the log line, escaped */
+#define TRACE_MAX 2048   /* of its traceback */
+
+/* The error on top of the stack as its log line shows it: a long message
+ * is cut (marked "..."), not its traceback, which comes whole unless it is
+ * itself over TRACE_MAX. Pushes the text (and what error_text pushed);
+ * the caller's settop takes them. */
+static const char *
+failure_text(void)
+{
+    static const char mark[] = "\nstack traceback:";
+    const char *text = error_text(), *trace, *p;
+    size_t len = lua_objlen(L, -1), mlen, tlen, mfit, tfit;
+
+    /* the traceback is the handler's, after the message: the last mark
+     * (a message may carry the words too) */
+    trace = text + len;
+    for (p = text; (p = memmem(p, (size_t) (text + len - p), mark, sizeof(mark) - 1)) != NULL;
+         p++) {
+        trace = p;
+    }
+    mlen = (size_t) (trace - text);
+    tlen = len - mlen;
+    mfit = ric_log_fit(text, mlen, MESSAGE_MAX);
+    tfit = ric_log_fit(trace, tlen, TRACE_MAX);
+    lua_pushlstring(L, text, mfit);
+    lua_pushstring(L, mfit < mlen ? "..." : "");
+    lua_pushlstring(L, trace, tfit);
+    lua_pushstring(L, tfit < tlen ? "..." : "");
+    lua_concat(L, 4);
+    return lua_tostring(L, -1);
+}
+
 /* A hook's call failed: logged with the script's FILE:LINE in the error,
  * and counted (a stop by the bounds as one too). */
 static void
@@ -617,7 +677,7 @@ log_failure(const ric_script_t *s, int hook, const ric_request_t *r)
     ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s%s, client: %s", s->path,
                   names[hook], hook == RIC_HOOK_ON_RESPONSE ? " (the answer goes unchanged)"
                   : hook != RIC_HOOK_ON_LOG ? " (the built-in policy decides)" : "",
-                  error_text(), count, r->c->peer);
+                  failure_text(), count, r->c->peer);
 }
 
 /* --- on_log's ctx:set: fields of the script's own in the access log line ----------- */
