@@ -52,11 +52,15 @@ end
 -- counted back on the way out of each call, but a stopped call never gets there: once stopped, every
 -- instruction raises again, so the code after a pcall does not run. unwind() puts both back to nothing
 -- in flight; the caller of a hook runs it after every call that failed (a call that returned ran every
--- way out).
+-- way out). Both are one per Lua state, whichever copy of this file counts (busted loads it again for
+-- each spec file, while the strings' functions stay the first copy's), kept where no script reaches them.
 local STOPPED = "stopped: it ran longer than a hook may"
 local MAX_DEPTH = 50
 local guard = function() end
-local depth, loading = 0, {}
+local registry = debug.getregistry()
+local inflight = registry.ricochet_inflight or { depth = 0, loading = {} }
+registry.ricochet_inflight = inflight
+local loading = inflight.loading
 local raw_pcall, raw_xpcall, raw_error, select, unpack = pcall, xpcall, error, select, unpack
 
 -- a stop, or an allocation the state's bound refused: the call is over, whatever catches it
@@ -82,7 +86,7 @@ local function safe_xpcall(f, handler)
 end
 
 local function left(ok, ...)
-    depth = depth - 1
+    inflight.depth = inflight.depth - 1
     guard()
     if not ok then raw_error((...), 0) end
     return ...
@@ -91,11 +95,12 @@ end
 -- fn with its callbacks' nesting bounded, and the clock checked after it
 local function bounded(fn, name)
     return function(...)
+        local depth = inflight.depth
         if depth >= MAX_DEPTH then
             -- no format here: it is one of the bounded functions, past its depth too
             raw_error(name .. ": callbacks nested more than " .. MAX_DEPTH .. " deep", 2)
         end
-        depth = depth + 1
+        inflight.depth = depth + 1
         return left(raw_pcall(fn, ...))
     end
 end
@@ -238,7 +243,7 @@ end
 -- Nothing in flight any more: the state as before the call that failed, whatever way it ended. It
 -- allocates nothing, so it cannot fail when the memory bound has just refused an allocation.
 local function unwind()
-    depth = 0
+    inflight.depth = 0
     local file = next(loading)
     while file ~= nil do
         loading[file] = nil
