@@ -258,8 +258,8 @@ l_traceback(lua_State *l)
     return 1;
 }
 
-/* The error on top of the stack as text (l_traceback made it one, unless
- * the call failed before it could run). */
+/* The error on top of the stack as text: l_traceback made it a string; the
+ * fallback keeps a NULL out of the formats that print it. */
 static const char *
 error_text(void)
 {
