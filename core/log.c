@@ -37,11 +37,62 @@ ric_log_level_name(int level)
     return level_names[level];
 }
 
+/* The width of a byte in a line: itself, or its escape. */
+static size_t
+escape_width(unsigned char c)
+{
+    if (c == '\n' || c == '\r' || c == '\t') {
+        return 2;
+    }
+    return c < 0x20 || c == 0x7f || c == '\\' ? 4 : 1;
+}
+
+size_t
+ric_log_fit(const char *s, size_t len, size_t width)
+{
+    size_t i, w = 0;
+
+    for (i = 0; i < len && w + escape_width((unsigned char) s[i]) <= width; i++) {
+        w += escape_width((unsigned char) s[i]);
+    }
+    return i;
+}
+
+/* src escaped into dst, as much as fits in room; the bytes written. */
+static size_t
+escape(char *dst, size_t room, const char *src, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t i, n = 0, w;
+    unsigned char c;
+
+    for (i = 0; i < len; i++) {
+        c = (unsigned char) src[i];
+        w = escape_width(c);
+        if (n + w > room) {
+            break;
+        }
+        if (w == 1) {
+            dst[n] = (char) c;
+        } else if (w == 2) {
+            dst[n] = '\\';
+            dst[n + 1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+        } else {
+            dst[n] = '\\';
+            dst[n + 1] = 'x';
+            dst[n + 2] = hex[c >> 4];
+            dst[n + 3] = hex[c & 0xf];
+        }
+        n += w;
+    }
+    return n;
+}
+
 void
 ric_log_write(int level, int err, const char *fmt, ...)
 {
-    char line[2048];
-    size_t n;
+    char line[RIC_LOG_LINE_MAX], msg[RIC_LOG_LINE_MAX];
+    size_t n, room = sizeof(line) - 1; /* the last byte is the newline's */
     int rc;
     va_list ap;
     struct timespec ts;
@@ -55,21 +106,20 @@ ric_log_write(int level, int err, const char *fmt, ...)
                   (int) getpid());
     n += rc > 0 ? (size_t) rc : 0;
 
+    /* what the message carries (a script's text, a client's) cannot start
+     * a line of its own: its control bytes go escaped */
     va_start(ap, fmt);
-    rc = vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+    rc = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     if (rc > 0) {
-        n = ric_min(n + (size_t) rc, sizeof(line) - 1);
+        n += escape(line + n, room - n, msg, ric_min((size_t) rc, sizeof(msg) - 1));
     }
 
-    if (err != 0 && n < sizeof(line) - 1) {
-        rc = snprintf(line + n, sizeof(line) - n, " (%d: %s)", err, strerror(err));
+    if (err != 0 && n < room) {
+        rc = snprintf(line + n, room + 1 - n, " (%d: %s)", err, strerror(err));
         if (rc > 0) {
-            n = ric_min(n + (size_t) rc, sizeof(line) - 1);
+            n = ric_min(n + (size_t) rc, room);
         }
-    }
-    if (n >= sizeof(line) - 1) {
-        n = sizeof(line) - 2;
     }
     line[n++] = '\n';
 

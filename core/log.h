@@ -44,10 +44,23 @@ extern int ric_log_stderr_too;
 #define ric_log_debug(...) ((void) 0)
 #endif
 
-/* Writes one line "TIME [level] PID#0: message[ (errno: strerror)]". err is
- * an errno value or 0. Never fails the caller; a short write is dropped. */
+/* The longest line, its newline included: PIPE_BUF, so a line is one
+ * atomic write on a pipe (stderr) as on a file. */
+#define RIC_LOG_LINE_MAX 4096
+
+/* Writes one line "TIME [level] PID: message[ (errno: strerror)]", cut at
+ * RIC_LOG_LINE_MAX. The message's newlines, carriage returns and tabs go
+ * as \n \r \t, its other control bytes, DEL and backslash as \xNN, so
+ * nothing it carries (a script's text, a client's) can start a line of its
+ * own or pass for one. err is an errno value or 0. Never fails the
+ * caller; a short write is dropped. */
 void ric_log_write(int level, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* How many bytes of s (len bytes) fit in width characters of a line once
+ * escaped as ric_log_write escapes them: a caller cuts a part of its
+ * message there to keep room for what follows. */
+size_t ric_log_fit(const char *s, size_t len, size_t width);
 
 /* Level name → number, -1 if unknown. */
 int ric_log_level_parse(const char *name);

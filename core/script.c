@@ -38,6 +38,7 @@ typedef struct ric_script_state_s {
     lua_State *lua;
     ric_script_t *script;
     int ref_traceback, ref_prepare, ref_check, ref_ricochet;
+    int ref_unwind;       /* sandbox.unwind: what a failed call left in flight, put back */
     int ref_sources;      /* file -> its text, as read at the first load (sandbox.lua) */
     int ref_req, ref_res, ref_attempt, ref_req_fields, ref_res_fields, ref_attempt_fields;
     size_t bytes;         /* counted by its allocator */
@@ -55,6 +56,7 @@ static ric_script_t *scripts; /* of every configuration alive in this process */
 #define ref_prepare (cur->ref_prepare)
 #define ref_check (cur->ref_check)
 #define ref_ricochet (cur->ref_ricochet)
+#define ref_unwind (cur->ref_unwind)
 #define ref_sources (cur->ref_sources)
 #define ref_req (cur->ref_req)
 #define ref_res (cur->ref_res)
@@ -194,6 +196,17 @@ call(int nargs, int nres)
     lua_sethook(L, NULL, 0, 0);
     call_running = 0;
     lua_remove(L, base);
+    if (rc != 0) {
+        /* a stopped call skipped the sandbox's ways out (a callback's
+         * depth, a module marked loading): put back before anything else
+         * runs in the state; unbounded and unhooked now, it cannot be
+         * stopped, and it allocates nothing */
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ref_unwind);
+        if (lua_pcall(L, 0, 0, 0) != 0) {
+            lua_pop(L, 1);
+            rebuild_pending = 1; /* not put back: a new state has nothing in flight */
+        }
+    }
     if (ric_now_exact_us() - call_start_us >= 1000) {
         ric_clock_update(); /* a long call: what follows in this turn sees its end */
     }
@@ -217,13 +230,42 @@ call(int nargs, int nres)
     return rc;
 }
 
-/* The error on top of the stack as text (an error object may be a table). */
+/* Every call's error handler: the message and a traceback. C, so no count
+ * hook interrupts it, and it runs no script code: an error object that is
+ * not a string (error({}), error(nil)) is named by its type, not by its
+ * __tostring, with the FILE:LINE of the script's line that raised it (the
+ * first frame in a script's file: the sandbox passes errors of callbacks
+ * on, and its own line would say nothing). */
+static int
+l_traceback(lua_State *l)
+{
+    lua_Debug ar;
+    int level, found = 0;
+
+    if (!lua_isstring(l, 1)) {
+        for (level = 1; !found && lua_getstack(l, level, &ar); level++) {
+            found = lua_getinfo(l, "Sl", &ar) != 0 && ar.currentline > 0 && ar.source[0] == '@';
+        }
+        if (found) {
+            lua_pushfstring(l, "%s:%d: (error object is a %s value)", ar.short_src, ar.currentline,
+                            luaL_typename(l, 1));
+        } else {
+            lua_pushfstring(l, "(error object is a %s value)", luaL_typename(l, 1));
+        }
+        lua_replace(l, 1);
+    }
+    luaL_traceback(l, l, lua_tostring(l, 1), 1);
+    return 1;
+}
+
+/* The error on top of the stack as text: l_traceback made it a string; the
+ * fallback keeps a NULL out of the formats that print it. */
 static const char *
 error_text(void)
 {
     const char *m = lua_tostring(L, -1);
 
-    return m != NULL ? m : lua_pushfstring(L, "(an error object: a %s)", luaL_typename(L, -1));
+    return m != NULL ? m : lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, -1));
 }
 
 /* --- the state ---------------------------------------------------------------- */
@@ -303,10 +345,8 @@ state_init(char *err, size_t errlen)
     luaL_openlibs(L);
     /* the strings' metatable reaches the real string table from any
      * script: sandbox.lua bounds what is there (rep, gsub, ...) */
-    lua_getglobal(L, "debug");
-    lua_getfield(L, -1, "traceback");
+    lua_pushcfunction(L, l_traceback);
     ref_traceback = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_pop(L, 1);
 
     /* api.lua returns function(binding) -> { req, res, attempt, ricochet } */
     if (load_bundled(ric_lua_api, "=ricochet/api.lua", err, errlen) != RIC_OK) {
@@ -341,6 +381,8 @@ state_init(char *err, size_t errlen)
     ref_prepare = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "check");
     ref_check = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "unwind");
+    ref_unwind = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_getfield(L, -1, "set_guard");
     lua_pushcfunction(L, l_guard);
     if (lua_pcall(L, 1, 0, 0) != 0) {
@@ -580,6 +622,39 @@ ric_script_share(const ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errl
     return RIC_OK;
 }
 
+#define MESSAGE_MAX 1024 /* of an error's message in the log line, escaped */
+#define TRACE_MAX 2048   /* of its traceback */
+
+/* The error on top of the stack as its log line shows it: a long message
+ * is cut (marked "..."), not its traceback, which comes whole unless it is
+ * itself over TRACE_MAX. Pushes the text (and what error_text pushed);
+ * the caller's settop takes them. */
+static const char *
+failure_text(void)
+{
+    static const char mark[] = "\nstack traceback:";
+    const char *text = error_text(), *trace, *p;
+    size_t len = lua_objlen(L, -1), mlen, tlen, mfit, tfit;
+
+    /* the traceback is the handler's, after the message: the last mark
+     * (a message may carry the words too) */
+    trace = text + len;
+    for (p = text; (p = memmem(p, (size_t) (text + len - p), mark, sizeof(mark) - 1)) != NULL;
+         p++) {
+        trace = p;
+    }
+    mlen = (size_t) (trace - text);
+    tlen = len - mlen;
+    mfit = ric_log_fit(text, mlen, MESSAGE_MAX);
+    tfit = ric_log_fit(trace, tlen, TRACE_MAX);
+    lua_pushlstring(L, text, mfit);
+    lua_pushstring(L, mfit < mlen ? "..." : "");
+    lua_pushlstring(L, trace, tfit);
+    lua_pushstring(L, tfit < tlen ? "..." : "");
+    lua_concat(L, 4);
+    return lua_tostring(L, -1);
+}
+
 /* A hook's call failed: logged with the script's FILE:LINE in the error,
  * and counted (a stop by the bounds as one too). */
 static void
@@ -602,7 +677,7 @@ log_failure(const ric_script_t *s, int hook, const ric_request_t *r)
     ric_log_error(RIC_LOG_ERR, 0, "route script %s: %s failed%s: %s%s, client: %s", s->path,
                   names[hook], hook == RIC_HOOK_ON_RESPONSE ? " (the answer goes unchanged)"
                   : hook != RIC_HOOK_ON_LOG ? " (the built-in policy decides)" : "",
-                  error_text(), count, r->c->peer);
+                  failure_text(), count, r->c->peer);
 }
 
 /* --- on_log's ctx:set: fields of the script's own in the access log line ----------- */

@@ -7,7 +7,8 @@
 --                                           (file -> text) is read before the disk and keeps what was read,
 --                                           so a state made again runs the text it first ran;
 --   check(path, route)                   -> route, or nil and a reason: what the chunk returned must be
---                                           a table of hooks.
+--                                           a table of hooks;
+--   unwind()                             -> after a call that failed: its bookkeeping put back (below).
 local jit = rawget(_G, "jit")
 
 local function copy(t)
@@ -46,10 +47,20 @@ end
 -- tostring, format) nest C frames on the C stack: their depth is bounded with a Lua error. After a
 -- library call that can run long, guard() (the gateway's clock check; nothing in the test kit) stops a
 -- hook past its bound at once, not 1,000 instructions later.
+--
+-- What is in flight (depth, the callbacks nested now; loading, the modules whose main chunk runs now) is
+-- counted back on the way out of each call, but a stopped call never gets there: once stopped, every
+-- instruction raises again, so the code after a pcall does not run. unwind() puts both back to nothing
+-- in flight; the caller of a hook runs it after every call that failed (a call that returned ran every
+-- way out). Both are one per Lua state, whichever copy of this file counts (busted loads it again for
+-- each spec file, while the strings' functions stay the first copy's), kept where no script reaches them.
 local STOPPED = "stopped: it ran longer than a hook may"
 local MAX_DEPTH = 50
 local guard = function() end
-local depth = 0
+local registry = debug.getregistry()
+local inflight = registry.ricochet_inflight or { depth = 0, loading = {} }
+registry.ricochet_inflight = inflight
+local loading = inflight.loading
 local raw_pcall, raw_xpcall, raw_error, select, unpack = pcall, xpcall, error, select, unpack
 
 -- a stop, or an allocation the state's bound refused: the call is over, whatever catches it
@@ -75,7 +86,7 @@ local function safe_xpcall(f, handler)
 end
 
 local function left(ok, ...)
-    depth = depth - 1
+    inflight.depth = inflight.depth - 1
     guard()
     if not ok then raw_error((...), 0) end
     return ...
@@ -84,10 +95,12 @@ end
 -- fn with its callbacks' nesting bounded, and the clock checked after it
 local function bounded(fn, name)
     return function(...)
+        local depth = inflight.depth
         if depth >= MAX_DEPTH then
-            raw_error(("%s: callbacks nested more than %d deep"):format(name, MAX_DEPTH), 2)
+            -- no format here: it is one of the bounded functions, past its depth too
+            raw_error(name .. ": callbacks nested more than " .. MAX_DEPTH .. " deep", 2)
         end
-        depth = depth + 1
+        inflight.depth = depth + 1
         return left(raw_pcall(fn, ...))
     end
 end
@@ -189,13 +202,11 @@ local function prepare(path, ricochet, bundled_dir, sources)
         cjson = require("cjson").new(), ["cjson.safe"] = require("cjson.safe").new(), ricochet = env.ricochet,
         string = env.string, table = env.table, math = env.math, bit = env.bit, os = env.os,
     }
-    local loading = {}
     env.require = function(name)
         if type(name) ~= "string" or not name:match("^[%w_]+[%w_.]*$") or name:find("%.%.") then
             error(("require: invalid module name %q"):format(tostring(name)), 2)
         end
         if loaded[name] ~= nil then return loaded[name] end
-        if loading[name] then error(("require: %q requires itself"):format(name), 2) end
         local rel = name:gsub("%.", "/") .. ".lua"
         local candidates = { dir .. "/" .. rel }
         if name:match("^ricochet%.") and bundled_dir then
@@ -205,11 +216,13 @@ local function prepare(path, ricochet, bundled_dir, sources)
             local f = not sources[file] and io.open(file, "rb")
             if f then f:close() end
             if sources[file] or f then
+                -- by file: one script's modules never load while another script's do
+                if loading[file] then error(("require: %q requires itself"):format(name), 2) end
                 local chunk, err = load_source(file, env, sources)
                 if not chunk then error(err, 2) end
-                loading[name] = true
+                loading[file] = true
                 local ok, v = pcall(chunk, name)
-                loading[name] = nil
+                loading[file] = nil
                 if not ok then error(v, 0) end
                 if v == nil then v = true end
                 loaded[name] = v
@@ -227,4 +240,15 @@ local function set_guard(fn)
     guard = fn
 end
 
-return { prepare = prepare, check = check, set_guard = set_guard, STOPPED = STOPPED }
+-- Nothing in flight any more: the state as before the call that failed, whatever way it ended. It
+-- allocates nothing, so it cannot fail when the memory bound has just refused an allocation.
+local function unwind()
+    inflight.depth = 0
+    local file = next(loading)
+    while file ~= nil do
+        loading[file] = nil
+        file = next(loading)
+    end
+end
+
+return { prepare = prepare, check = check, set_guard = set_guard, unwind = unwind, STOPPED = STOPPED }

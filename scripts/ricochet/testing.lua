@@ -83,6 +83,27 @@ function kit.hmac_sha256(key, s)
     return hex(sha256_raw(opad .. sha256_raw(ipad .. s)))
 end
 
+-- A message as the gateway's error log writes it (core/log.c): \n \r \t as those two characters, other
+-- control bytes, DEL and backslash as \xNN, so that nothing in it can start a line of its own.
+local ESCAPES = { ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+for byte = 0, 127 do
+    local c = string.char(byte)
+    if not ESCAPES[c] and (byte < 32 or byte == 127 or c == "\\") then ESCAPES[c] = ("\\x%02x"):format(byte) end
+end
+
+function kit.as_logged(s)
+    local out, from = {}, 1
+    while true do
+        local at = s:find("[%z\1-\31\127\\]", from)
+        if not at then break end
+        out[#out + 1] = s:sub(from, at - 1)
+        out[#out + 1] = ESCAPES[s:sub(at, at)]
+        from = at + 1
+    end
+    out[#out + 1] = s:sub(from)
+    return table.concat(out)
+end
+
 -- the pure-Lua binding --------------------------------------------------------------------------------------
 local RESERVED = { ["content-length"] = true, ["transfer-encoding"] = true, connection = true,
     ["keep-alive"] = true, upgrade = true, te = true, trailer = true, ["proxy-connection"] = true }
@@ -279,7 +300,7 @@ local function binding(st)
         local ok, socket = pcall(require, "socket")
         return ok and socket.gettime() or os.time()
     end
-    function B.log(level, msg) kit.logs[#kit.logs + 1] = { level = level, message = msg } end
+    function B.log(level, msg) kit.logs[#kit.logs + 1] = { level = level, message = kit.as_logged(msg) } end
     -- lua_shared_dict, in this process: any name is declared; kit.shared[name] holds what it keeps
     local function entry(name, key)
         local d = kit.shared[name]
@@ -397,12 +418,42 @@ function kit.answer(req)
     return current.req.answer
 end
 
+-- The gateway's error handler, without its traceback: an error object that is not a string (error({}),
+-- error(nil)) is named by its type with the FILE:LINE of the script's line that raised it (the first frame
+-- in one of the script's files, sources: the sandbox passes a callback's error on from its own line).
+local function error_text(sources)
+    return function(e)
+        if type(e) == "string" or type(e) == "number" then return e end
+        local what = "(error object is a " .. type(e) .. " value)"
+        for level = 2, math.huge do
+            local info = debug.getinfo(level, "Sl")
+            if not info then return what end
+            if info.currentline > 0 and info.source:sub(1, 1) == "@" and sources[info.source:sub(2)] then
+                return info.short_src .. ":" .. info.currentline .. ": " .. what
+            end
+        end
+    end
+end
+
+-- A call of the script's (its main chunk, a hook) as the gateway makes it: after one that failed, what the
+-- sandbox had in flight is put back (sandbox.unwind), so the next call finds it as before.
+local function call(handler, fn, ...)
+    local results = { xpcall(fn, handler, ...) }
+    if not results[1] then
+        sandbox.unwind()
+        error(results[2], 0)
+    end
+    return unpack(results, 2, table.maxn(results))
+end
+
 -- Loads a route script as the gateway does (same sandbox, same checks; no time bound here).
 function kit.load(path)
     local ricochet = api.ricochet
-    local chunk, err = sandbox.prepare(path, ricochet)
+    local sources = {}
+    local chunk, err = sandbox.prepare(path, ricochet, nil, sources)
     if not chunk then error(err, 2) end
-    local route = chunk()
+    local handler = error_text(sources)
+    local route = call(handler, chunk)
     local ok, why = sandbox.check(path, route)
     if not ok then error(why, 2) end
     -- each hook knows it runs, so the binding applies the gateway's rule of which hook may change what
@@ -411,7 +462,7 @@ function kit.load(path)
         hooks[name] = function(...)
             local outer = running_hook
             running_hook = name
-            local results = { pcall(fn, ...) }
+            local results = { pcall(call, handler, fn, ...) }
             running_hook = outer
             if not results[1] then error(results[2], 0) end
             return unpack(results, 2, table.maxn(results))

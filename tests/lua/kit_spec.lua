@@ -225,6 +225,121 @@ return route
         assert.matches("res:set_header can only be called in on_response", err)
     end)
 
+    it("says callbacks nested more than 50 deep, and runs on after it", function()
+        local route = kit.load(write("deep.lua", [[
+local function deep() return (("x"):gsub("x", deep)) end
+return { on_request = function(req)
+    if req.path == "/deep" then deep() end
+    req:set_header("X-Ok", string.format("%s", "fine"))
+end }
+]]))
+        local ok, err = pcall(route.on_request, kit.request{ path = "/deep" })
+        assert.is_false(ok)
+        assert.matches("deep.lua:1: string.gsub: callbacks nested more than 50 deep", err, 1, true)
+        local req = kit.request{ path = "/" }
+        route.on_request(req)
+        assert.equal("fine", kit.upstream(req)["x-ok"])
+    end)
+
+    it("names an error object by its type, with the script's FILE:LINE, as the gateway logs it", function()
+        local route = kit.load(write("objects.lua", [[
+return { on_request = function(req)
+    if req.path == "/table" then error({ code = 7 }) end
+    if req.path == "/nil" then error(nil) end
+    local _ = ("x"):gsub("x", function() error({}) end)
+end }
+]]))
+        local cases = { { "/table", "objects.lua:2: (error object is a table value)" },
+            { "/nil", "objects.lua:3: (error object is a nil value)" },
+            { "/callback", "objects.lua:4: (error object is a table value)" } }
+        for _, case in ipairs(cases) do
+            local ok, err = pcall(route.on_request, kit.request{ path = case[1] })
+            assert.is_false(ok)
+            assert.equal("string", type(err), case[1])
+            assert.matches(case[2], err, 1, true)
+        end
+        local ok, err = pcall(kit.load, write("mainobj.lua", "error({})\nreturn {}\n"))
+        assert.is_false(ok)
+        assert.equal(dir .. "/mainobj.lua:1: (error object is a table value)", err)
+    end)
+
+    it("records ricochet.log as the error log writes it: control bytes escaped, one line", function()
+        local route = kit.load(write("forge.lua", [[
+return { on_request = function(req) ricochet.log("error", "a\nfake [error] line\r\tend\1\\", req:header("X-Note")) end }
+]]))
+        route.on_request(kit.request{ headers = { ["X-Note"] = "ok" } })
+        assert.equal("a\\nfake [error] line\\r\\tend\\x01\\x5c ok", kit.logs[#kit.logs].message)
+        assert.equal("caf\xc3\xa9 \\x7f", kit.as_logged("caf\xc3\xa9 \127"))
+    end)
+
+    it("finds the sandbox as before after a hook stopped deep in callbacks or in a module's main chunk", function()
+        -- the gateway's stop, played here with a debug hook: past a count of instructions an error, then one
+        -- at every instruction of the script and the sandbox (not of the caller: the gateway's is C, here the
+        -- kit and this spec), so no way out of the sandbox runs
+        local sandbox = require("ricochet.sandbox")
+        local kit_source = debug.getinfo(kit.load, "S").source
+        local spec_source = debug.getinfo(1, "S").source
+        local function again()
+            local source = debug.getinfo(2, "S").source
+            if source == kit_source or source == spec_source then
+                debug.sethook()
+                return
+            end
+            error(sandbox.STOPPED, 0)
+        end
+        local function stop_after(hooks)
+            local n = 0
+            debug.sethook(function()
+                n = n + 1
+                if n >= hooks then
+                    debug.sethook(again, "", 1)
+                    error(sandbox.STOPPED, 0)
+                end
+            end, "", 1000)
+        end
+        write("lazy.lua", "if lazy_attack then lazy_attack() end\nreturn { tag = 'lazy' }\n")
+        local route = kit.load(write("stopped.lua", [[
+local function spin() while true do end end
+local nest = {}
+function nest.gsub(n) return (("x"):gsub("x", function() if n == 0 then spin() end return nest.gsub(n - 1) end)) end
+function nest.sort(n) table.sort({ 2, 1 }, function(a, b) if n == 0 then spin() end nest.sort(n - 1) return a < b end) end
+function nest.tostring(n)
+    return tostring(setmetatable({}, { __tostring = function() if n == 0 then spin() end return nest.tostring(n - 1) end }))
+end
+function nest.format(n)
+    return string.format("%s", setmetatable({}, { __tostring = function()
+        if n == 0 then spin() end
+        return nest.format(n - 1)
+    end }))
+end
+return { on_request = function(req)
+    if req.path == "/require" then lazy_attack = spin require("lazy") end
+    if nest[req.path:sub(2)] then nest[req.path:sub(2)](20) end
+    lazy_attack = nil
+    req:set_header("X-Ok", string.format("%s %s", require("lazy").tag, (("x"):gsub("x", function() return "y" end))))
+end }
+]]))
+        jit.off()
+        jit.flush() -- compiled traces never run a count hook
+        local ok, err = pcall(function()
+            for _, path in ipairs({ "/gsub", "/sort", "/tostring", "/format", "/require", "/require" }) do
+                for _ = 1, 2 do
+                    stop_after(50)
+                    local stopped, why = pcall(route.on_request, kit.request{ path = path })
+                    debug.sethook()
+                    assert.is_false(stopped, path)
+                    assert.equal(sandbox.STOPPED, why, path)
+                end
+            end
+        end)
+        debug.sethook()
+        jit.on()
+        assert(ok, err)
+        local req = kit.request{ path = "/" }
+        route.on_request(req)
+        assert.equal("lazy y", kit.upstream(req)["x-ok"])
+    end)
+
     it("offers ricochet.shared with the gateway's API, in this process", function()
         local route = kit.load(write("shared.lua", [[
 local hits = ricochet.shared("hits")
