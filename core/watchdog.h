@@ -29,8 +29,9 @@
 #define RIC_WATCHDOG_MIN_MS 1000   /* worker_watchdog's least value: a turn well above the tick */
 #define RIC_WATCHDOG_SLOTS 2048    /* workers alive at once, every generation */
 
-/* One worker's slot. The master writes pid and killed; the worker the
- * rest. Its own cache line: no two workers write one. */
+/* One worker's slot. The master claims it (cleared, before the fork),
+ * frees it and writes pid and killed; the worker writes the rest. Its own
+ * cache line: no two workers write one. */
 typedef struct {
     int64_t pid;        /* 0: free; -1: claimed for a worker being forked */
     int64_t turn_us;    /* its loop's last turn (monotonic clock); 0: not turned yet, or leaving */
