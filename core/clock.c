@@ -11,7 +11,9 @@
  * so a deadline and the timer that enforces it agree. Outside the loop
  * (startup, the master, a unit test, a store's last writes at exit)
  * every call reads the clock. What must be exact within a turn (a script
- * hook's 50 ms bound, a seed) reads ric_now_exact_us(). */
+ * hook's 50 ms bound, a seed) reads ric_now_exact_us(). The turn's
+ * moment is also published once a turn, where the watchdog looks
+ * (ric_clock_publish): a store, no clock read of its own. */
 #include "ric_core.h"
 
 #include <event2/event.h>
@@ -19,6 +21,8 @@
 
 static struct event_base *turning; /* the loop ric_clock_dispatch runs */
 static int64_t turn_us = -1;       /* this turn's moment; -1 not read yet */
+static int64_t *published;         /* where each turn's moment goes; NULL: nowhere */
+static int publish_due;            /* this turn's moment is not published yet */
 
 int64_t
 ric_now_exact_us(void)
@@ -37,6 +41,7 @@ ric_clock_dispatch(struct event_base *base)
     turning = base;
     do {
         turn_us = -1;
+        publish_due = 1;
         rc = event_base_loop(base, EVLOOP_ONCE);
     } while (rc == 0 && !event_base_got_break(base) && !event_base_got_exit(base));
     turning = NULL;
@@ -60,8 +65,19 @@ ric_now_us(void)
     }
     if (turn_us < 0) {
         turn_us = ric_now_exact_us();
+        if (publish_due && published != NULL) {
+            /* once a turn: a moment re-read after a long call is not a new turn */
+            __atomic_store_n(published, turn_us, __ATOMIC_RELAXED);
+            publish_due = 0;
+        }
     }
     return turn_us;
+}
+
+void
+ric_clock_publish(int64_t *where)
+{
+    published = where;
 }
 
 int64_t

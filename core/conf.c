@@ -412,6 +412,7 @@ ric_conf_load(const char *prefix, const char *path, char *err, size_t errlen)
     conf->pool = pool;
     conf->worker_processes = RIC_CONF_UNSET;
     conf->worker_shutdown_timeout = RIC_CONF_UNSET;
+    conf->worker_watchdog = RIC_CONF_UNSET;
     conf->worker_connections = RIC_CONF_UNSET;
     conf->daemon = RIC_CONF_UNSET;
     conf->error_log_level = RIC_CONF_UNSET;

@@ -303,6 +303,7 @@ struct ric_conf_s {
 
     int64_t worker_processes;
     int64_t worker_shutdown_timeout;
+    int64_t worker_watchdog; /* ms a worker's loop may go without a turn; 0: off */
     int64_t worker_connections;
     int64_t daemon;
     char *pid_path;  /* resolved; NULL: no pid file */

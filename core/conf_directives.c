@@ -9,6 +9,7 @@
 #include "backoff.h"
 #include "retry.h"
 #include "hedge.h"
+#include "watchdog.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -138,6 +139,29 @@ set_worker_processes(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf
         c->worker_processes = RIC_CONF_UNSET;
         return bad_value(cf, cmd, "expected \"auto\" or a number from 1 to 1024");
     }
+    return NULL;
+}
+
+/* "off", or a time of at least RIC_WATCHDOG_MIN_MS: shorter would take a
+ * worker's ordinary pauses (a burst of TLS handshakes, a page-fault storm)
+ * for a stall and lose its requests. */
+static const char *
+set_watchdog(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
+{
+    const char *dup = check_unset(cf, cmd, conf);
+    int64_t ms;
+
+    if (dup) {
+        return dup;
+    }
+    if (strcmp(cf->args[1], "off") == 0) {
+        *field_at(conf, cmd) = 0;
+        return NULL;
+    }
+    if (ric_conf_parse_time(cf->args[1], &ms) != RIC_OK || ms < RIC_WATCHDOG_MIN_MS) {
+        return bad_value(cf, cmd, "expected off or a time of at least 1s, like 5s");
+    }
+    *field_at(conf, cmd) = ms;
     return NULL;
 }
 
@@ -1777,6 +1801,8 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "worker_shutdown_timeout", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_msec,
       MAIN(worker_shutdown_timeout), "60s",
       "how long a gracefully stopping worker waits for in-flight requests" },
+    { "worker_watchdog", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_watchdog, MAIN(worker_watchdog), "5s",
+      "off | TIME: a worker whose event loop has not turned this long is killed and replaced" },
     { "daemon", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_flag, MAIN(daemon), "off",
       "detach from the terminal and run in the background" },
     { "pid", RIC_CONF_MAIN, RIC_CONF_TAKE1, set_pid, RIC_CONF_NO_OFFSET, "off",

@@ -10,6 +10,7 @@
 #include "shm.h"
 #include "status.h"
 #include "upstream.h"
+#include "watchdog.h"
 #include "worker.h"
 
 #include <errno.h>
@@ -202,7 +203,8 @@ share(ric_conf_t *conf, ric_shm_t *zone, char *err, size_t errlen)
         || ric_idem_store_share(conf, zone, err, errlen) != RIC_OK
         || ric_shared_dict_share(conf, zone, err, errlen) != RIC_OK
         || ric_script_share(conf, zone, err, errlen) != RIC_OK
-        || ric_metrics_share(conf, zone, err, errlen) != RIC_OK) {
+        || ric_metrics_share(conf, zone, err, errlen) != RIC_OK
+        || ric_watchdog_share(zone, err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }
     return RIC_OK;
@@ -223,7 +225,8 @@ size_t
 ric_process_zone_size(const ric_conf_t *conf)
 {
     size_t need = ric_upstream_zone_size(conf) + ric_shared_dict_zone_size(conf)
-                  + ric_script_zone_size(conf) + ric_metrics_zone_size(conf);
+                  + ric_script_zone_size(conf) + ric_metrics_zone_size(conf)
+                  + ric_watchdog_zone_size();
 
     /* room for what reloads add (untouched pages cost no memory) */
     return need * 4 + ((size_t) 4 << 20);
@@ -277,10 +280,12 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, int64_t gen, ric_
 {
     sigset_t set;
     pid_t master = getpid(), pid;
+    int watched = ric_watchdog_claim();
 
     pid = fork();
     if (pid == -1) {
         ric_log_error(RIC_LOG_ALERT, errno, "fork() failed while spawning a worker");
+        ric_watchdog_started(watched, 0);
         return -1;
     }
     if (pid == 0) {
@@ -298,8 +303,10 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, int64_t gen, ric_
         sigemptyset(&set);
         sigprocmask(SIG_SETMASK, &set, NULL);
         ric_metrics_worker_begin(index, gen); /* its shard of the counters, its gauges */
+        ric_watchdog_worker_begin(watched);   /* its heartbeat */
         exit(ric_worker_run(conf));
     }
+    ric_watchdog_started(watched, pid);
     slot->pid = pid;
     slot->started_ms = ric_now_ms();
     slot->respawn_at = 0;
@@ -445,6 +452,7 @@ typedef struct {
     int64_t upgrade_deadline;
     pid_t old_master;          /* (a new binary's master) the one to tell once we serve */
     int handed_over;           /* the new binary serves: this master drains and goes */
+    int stopping;              /* told to stop: a worker that goes is not replaced */
 } master_t;
 
 static void
@@ -774,6 +782,7 @@ master_reap(master_t *m, int stopping)
 
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         ric_metrics_worker_gone(pid);
+        ric_watchdog_gone(pid);
         if (pid == m->upgrade_pid) {
             char why[128];
 
@@ -853,6 +862,7 @@ master_stopping(master_t *m, int sig)
     int i;
 
     ric_metrics_instance->stopping = 1; /* /readyz says 503 from now */
+    m->stopping = 1;
     if (m->next_n > 0) {
         reload_abort(m, "the master is stopping");
     }
@@ -866,6 +876,29 @@ master_stopping(master_t *m, int sig)
     }
     m->nwaiting = 0;
     m->again = 0;
+}
+
+/* The watchdog found pid's loop stalled: it is killed and the log says
+ * where it was; master_reap replaces it as any worker that died (a
+ * worker of the serving generation, while the master runs). */
+static void
+on_stalled(pid_t pid, const char *what, int in_script, void *ctx)
+{
+    master_t *m = ctx;
+    int64_t ms = m->conf->worker_watchdog;
+    const char *fate = m->stopping ? "; the instance is stopping: not replaced"
+                       : slot_of(m->slots, m->n, pid) != NULL ? " and replaced"
+                       : slot_of(m->next, m->next_n, pid) != NULL
+                       ? "; the reload under way is abandoned"
+                       : "; it was draining after a reload: not replaced";
+
+    kill(pid, SIGKILL);
+    ric_log_error(RIC_LOG_ALERT, 0, "worker %d %s: killed by the watchdog (worker_watchdog "
+                  "%lld%s)%s; its requests in flight are lost; %s", (int) pid, what,
+                  (long long) (ms % 1000 == 0 ? ms / 1000 : ms), ms % 1000 == 0 ? "s" : "ms",
+                  fate, in_script ? "fix the script"
+                  : "it ran no route script's hook: report it (a loop of the gateway's own, or a "
+                    "call that blocked)");
 }
 
 static void
@@ -921,7 +954,7 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
     const char *from = getenv(RIC_ENV_UPGRADE_FROM);
     char pid_path[4096];
     ssize_t n;
-    int64_t now, kill_at = 0, wake, sample_at = 0;
+    int64_t now, kill_at = 0, wake, sample_at = 0, watch_at = 0;
     struct timespec ts;
     sigset_t set;
     siginfo_t info;
@@ -964,6 +997,13 @@ ric_process_master(ric_conf_t **confp, const char *prefix, const char *file, ric
             sample_at = ric_max(sample_at + 1000, now + 500);
         }
         wake = ric_min(now + 1000, sample_at);
+        if (m.conf->worker_watchdog > 0) {
+            if (now >= watch_at) {
+                ric_watchdog_check(ric_now_us(), m.conf->worker_watchdog, on_stalled, &m);
+                watch_at = now + RIC_WATCHDOG_TICK_MS;
+            }
+            wake = ric_min(wake, watch_at);
+        }
         for (i = 0; i < m.n && stopping == RUNNING; i++) {
             if (m.slots[i].pid == 0) {
                 if (m.slots[i].respawn_at <= now) {

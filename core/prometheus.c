@@ -5,6 +5,7 @@
 #include "metrics.h"
 #include "script.h"
 #include "upstream.h"
+#include "watchdog.h"
 
 #include <stdio.h>
 
@@ -361,6 +362,11 @@ instance(ric_buf_t *b)
     }
     family(b, "ricochet_workers", "gauge", "Worker processes running.");
     ric_buf_printf(b, "ricochet_workers %d\n", workers);
+    family(b, "ricochet_worker_watchdog_kills_total", "counter",
+           "Workers the master killed because their event loop had not turned for "
+           "worker_watchdog (their requests in flight were lost).");
+    ric_buf_printf(b, "ricochet_worker_watchdog_kills_total %llu\n",
+                   (unsigned long long) ric_watchdog_kills());
     family(b, "ricochet_connections", "gauge", "Client connections, by state.");
     for (j = 0; j < RIC_CS_MAX; j++) {
         ric_buf_printf(b, "ricochet_connections{state=\"%s\"} %lld\n", ric_metrics_conn_state_name(j),

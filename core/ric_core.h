@@ -92,6 +92,10 @@ int64_t ric_now_us(void);
 int64_t ric_now_exact_us(void);
 int ric_clock_dispatch(struct event_base *base); /* event_base_dispatch, a turn at a time */
 void ric_clock_update(void); /* after a long callback: the moment read again */
+/* Each turn's moment is stored at *where (relaxed, once a turn, at the
+ * turn's first ric_now_*; where is the worker's watchdog slot); NULL: no
+ * more. */
+void ric_clock_publish(int64_t *where);
 int64_t ric_wall_ms(void); /* the wall clock, for what is shown to people */
 
 /* Opens a log file for appending (created 0644). A FIFO nobody reads

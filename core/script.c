@@ -10,6 +10,7 @@
 #include "retry.h"
 #include "script_api.h"
 #include "upstream.h"
+#include "watchdog.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -910,7 +911,9 @@ ric_script_on_request(ric_request_t *r)
 
     ric_script_hook.r = r;
     ric_script_hook.in_on_request = 1;
+    ric_watchdog_enter(s->counts, r->location->metrics, RIC_HOOK_ON_REQUEST);
     rc = call(1, 0);
+    ric_watchdog_leave();
     ric_script_hook.in_on_request = 0;
     ric_script_hook.r = NULL;
     if (rc != 0) {
@@ -977,10 +980,12 @@ ric_script_on_response(ric_request_t *r)
     ric_script_hook.r = r;
     ric_script_hook.attempt = r->answer; /* NULL: the gateway's own answer */
     ric_script_hook.in_on_response = 1;
+    ric_watchdog_enter(s->counts, r->location->metrics, RIC_HOOK_ON_RESPONSE);
     if (call(1, 0) != 0) {
         log_failure(s, RIC_HOOK_ON_RESPONSE, r);
         r->res_edits = NULL; /* a failed hook changes nothing */
     }
+    ric_watchdog_leave();
     ric_script_hook.in_on_response = 0;
     ric_script_hook.attempt = NULL;
     ric_script_hook.r = NULL;
@@ -1048,7 +1053,9 @@ ric_script_classify(ric_request_t *r, ric_attempt_t *u, unsigned class, int64_t 
 
     ric_script_hook.r = r;
     ric_script_hook.attempt = u;
+    ric_watchdog_enter(s->counts, r->location->metrics, RIC_HOOK_CLASSIFY);
     rc = call(2, 2);
+    ric_watchdog_leave();
     ric_script_hook.r = NULL;
     ric_script_hook.attempt = NULL;
     if (rc != 0) {
@@ -1182,9 +1189,11 @@ ric_script_log_cleanup(void *data)
 
     /* no current request: req and res kept from earlier hooks change nothing now */
     log_request = r;
+    ric_watchdog_enter(s->counts, r->location->metrics, RIC_HOOK_ON_LOG);
     if (call(1, 0) != 0) {
         log_failure(s, RIC_HOOK_ON_LOG, r);
     }
+    ric_watchdog_leave();
     log_request = NULL;
     lua_settop(L, top);
     ctx_unref(r);

@@ -163,6 +163,19 @@ ric_shm_each(const ric_shm_t *z, void (*fn)(const char *name, void *data, size_t
     }
 }
 
+const char *
+ric_shm_name_of(const ric_shm_t *z, const void *data)
+{
+    const shm_entry_t *e;
+
+    for (e = entry_at(z, z->h.first); e != NULL && data != NULL; e = entry_at(z, e->next)) {
+        if (!e->free && (const char *) z + e->data == (const char *) data) {
+            return e->name;
+        }
+    }
+    return NULL;
+}
+
 size_t
 ric_shm_used(const ric_shm_t *z)
 {

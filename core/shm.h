@@ -41,6 +41,10 @@ size_t ric_shm_sweep_end(ric_shm_t *z);
 void ric_shm_each(const ric_shm_t *z, void (*fn)(const char *name, void *data, size_t size,
                                                   void *ctx), void *ctx);
 
+/* The name of the entry whose data starts at data, or NULL when none does
+ * (data: any address; for what a slot of the zone points at). */
+const char *ric_shm_name_of(const ric_shm_t *z, const void *data);
+
 /* Bytes used and mapped, for logs. */
 size_t ric_shm_used(const ric_shm_t *z);
 size_t ric_shm_size(const ric_shm_t *z);

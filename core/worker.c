@@ -9,6 +9,7 @@
 #include "shared_dict.h"
 #include "log.h"
 #include "metrics.h"
+#include "watchdog.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -304,10 +305,12 @@ ric_worker_run(ric_conf_t *conf)
         ric_idem_store_open_all(conf->http->idem_stores, w->base);
     }
     log_timer_start(w);
+    ric_watchdog_worker_loop(w->base); /* an idle loop turns too: idle is not stalled */
     accept_enable(w, 1);
     kill(getppid(), RIC_SIG_WORKER_READY); /* a reload waits for this before the old ones go */
 
     ric_clock_dispatch(w->base); /* the clock read once a turn */
+    ric_watchdog_worker_end(); /* what exit takes is not a stall */
 
     /* a second stop signal (the master forwards what a terminal already
      * sent the whole group) must not kill us halfway through the cleanup */

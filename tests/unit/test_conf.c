@@ -324,6 +324,50 @@ test_values(void)
     UNIT_CHECK(ric_conf_parse_number("+1", &v) == RIC_ERROR);
 }
 
+/* worker_watchdog: off, a time of at least 1s, main context only; 5s by default. */
+static void
+test_watchdog(void)
+{
+    char err[1024];
+    ric_conf_t *conf;
+
+    UNIT_CASE("worker_watchdog: 5s by default");
+    conf = load("worker_processes 1;\n", err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    UNIT_CHECK_INT(conf ? conf->worker_watchdog : -2, 5000);
+    ric_conf_free(conf);
+
+    UNIT_CASE("worker_watchdog off");
+    conf = load("worker_watchdog off;\n", err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    UNIT_CHECK_INT(conf ? conf->worker_watchdog : -2, 0);
+    ric_conf_free(conf);
+
+    UNIT_CASE("worker_watchdog 1s and 1m30s");
+    conf = load("worker_watchdog 1s;\n", err, sizeof(err));
+    UNIT_CHECK_INT(conf ? conf->worker_watchdog : -2, 1000);
+    ric_conf_free(conf);
+    conf = load("worker_watchdog 1m30s;\n", err, sizeof(err));
+    UNIT_CHECK_INT(conf ? conf->worker_watchdog : -2, 90000);
+    ric_conf_free(conf);
+
+    check_error("worker_watchdog under 1s", "worker_watchdog 999ms;\n", 1,
+                "invalid value \"999ms\" in \"worker_watchdog\" directive, expected off or a "
+                "time of at least 1s, like 5s");
+    check_error("worker_watchdog 0", "worker_processes 1;\nworker_watchdog 0;\n", 2,
+                "invalid value \"0\" in \"worker_watchdog\" directive, expected off or a time "
+                "of at least 1s, like 5s");
+    check_error("worker_watchdog on", "worker_watchdog on;\n", 1,
+                "invalid value \"on\" in \"worker_watchdog\" directive, expected off or a time "
+                "of at least 1s, like 5s");
+    check_error("worker_watchdog twice", "worker_watchdog off;\nworker_watchdog 5s;\n", 2,
+                "\"worker_watchdog\" directive is duplicate");
+    check_error("worker_watchdog in http", "http {\n worker_watchdog 5s;\n}\n", 2,
+                "\"worker_watchdog\" directive is not allowed here");
+    check_error("worker_watchdog without a value", "worker_watchdog;\n", 1,
+                "invalid number of arguments in \"worker_watchdog\" directive");
+}
+
 static void
 test_grammar_and_inheritance(void)
 {
@@ -531,6 +575,7 @@ main(void)
     test_idempotency();
     test_include();
     test_grammar_and_inheritance();
+    test_watchdog();
     rc = UNIT_DONE("conf");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
