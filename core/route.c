@@ -118,6 +118,17 @@ is_unreserved(u_char ch)
            || ch == '-' || ch == '.' || ch == '_' || ch == '~';
 }
 
+/* Is the escape of byte v decoded in a normalized path? Those of unreserved
+ * characters, which mean the character itself, and of bytes beyond ASCII
+ * (UTF-8: no upstream splits or reads a path on them, and a location may
+ * be written in them). Reserved characters, '%', space and controls stay
+ * escaped: decoded, they could change what the path means. */
+static int
+decoded(int v)
+{
+    return v >= 0x80 || is_unreserved((u_char) v);
+}
+
 /* The escape at p[0] ('%') of a path of len bytes left: its byte, or -1
  * for one a path may not carry (bad hex, NUL, or '/', which upstreams
  * split on or not as they please). */
@@ -163,7 +174,7 @@ ric_route_path_normal(const u_char *path, size_t len)
         switch (path[i]) {
         case '%':
             v = escape_value(path + i, len - i);
-            if (v < 0 || is_unreserved((u_char) v) || path[i + 1] > 'F' || path[i + 2] > 'F') {
+            if (v < 0 || decoded(v) || path[i + 1] > 'F' || path[i + 2] > 'F') {
                 return 0; /* refused, decoded, or its hex in lowercase */
             }
             i += 2;
@@ -211,7 +222,7 @@ ric_route_normalize(const u_char *path, size_t len, u_char *out, size_t *out_len
                 return RIC_ERROR;
             }
             i += 2;
-            if (!is_unreserved((u_char) v)) {
+            if (!decoded(v)) {
                 /* kept escaped, in one spelling (RFC 3986 §6.2.2.1) */
                 out[o++] = '%';
                 out[o++] = (u_char) hex[v >> 4];

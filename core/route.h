@@ -16,7 +16,8 @@ ric_server_conf_t *ric_route_server(const ric_listener_t *ls, ric_str_t host);
 ric_location_conf_t *ric_route_location(const ric_server_conf_t *s, ric_str_t path);
 
 /* The path locations match and a route script sees as req.path, as nginx's
- * $uri: escapes of unreserved characters decoded, other escapes kept in
+ * $uri: escapes of unreserved characters and of bytes beyond ASCII
+ * decoded, other escapes (reserved characters, '%', space, controls) kept in
  * uppercase hex, "." and ".." segments resolved (RFC 3986 §5.2.4), repeated
  * slashes merged. A target that is not a path ("*") is kept as it is.
  * Writes at most len bytes to out (the result is never longer). Returns

@@ -339,8 +339,8 @@ local function refill(fields, values)
 end
 
 -- The path as routing matches it and req.path shows it, as the gateway's ric_route_normalize (core/route.c)
--- makes it (tests/path_cases.txt is run against both): escapes of unreserved characters decoded, other
--- escapes kept with uppercase hex, "." and ".." segments resolved, repeated slashes merged. Returns the
+-- makes it (tests/path_cases.txt is run against both): escapes of unreserved characters and of bytes beyond
+-- ASCII decoded, other escapes kept with uppercase hex, "." and ".." segments resolved, repeated slashes merged. Returns the
 -- path, or nil and why the gateway answers 400: a bad escape, an encoded NUL or "/", a backslash, or ".."
 -- above the root. A target that is not a path ("*") is kept as it is.
 function kit.normalize_path(path)
@@ -357,7 +357,7 @@ function kit.normalize_path(path)
         if v == 0 then return nil, "an encoded NUL" end
         if v == 0x2f then return nil, "an encoded /" end
         local ch = string.char(v)
-        parts[#parts + 1] = ch:match("^[A-Za-z0-9._~-]$") and ch or ("%%%02X"):format(v)
+        parts[#parts + 1] = (v >= 0x80 or ch:match("^[A-Za-z0-9._~-]$")) and ch or ("%%%02X"):format(v)
         i = p + 3
     end
     local out, trailing = {}, false
