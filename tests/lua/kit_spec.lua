@@ -284,6 +284,23 @@ return route
         assert.equal("", req.host)
     end)
 
+    it("lets a script's path check see every spelling of the path, as in the gateway", function()
+        local route = kit.load(write("admin.lua", [[
+return { on_request = function(req)
+    if req.path:sub(1, 9) == "/g/admin/" then req:respond(403, {}, "no admin") end
+end }
+]]))
+        for _, target in ipairs({ "http://anything/g/admin/users", "/g/./admin/users", "/g//admin/users",
+                                  "/g/%61dmin/users", "/g/x/../admin/users", "/g/%2e%2e/g/admin/users" }) do
+            local req = kit.request{ target = target }
+            route.on_request(req)
+            assert.equal(403, (kit.answer(req) or {}).status, target)
+        end
+        local req = kit.request{ target = "/g/public/users" }
+        route.on_request(req)
+        assert.is_nil(kit.answer(req))
+    end)
+
     it("refuses, as the gateway answers 400, a path above the root or an encoded slash", function()
         for _, target in ipairs({ "/../x", "http://a/../x", "/f/admin%2Fusers", "/a\\b" }) do
             local ok, err = pcall(kit.request, { target = target })
