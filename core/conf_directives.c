@@ -10,6 +10,7 @@
 #include "retry.h"
 #include "hedge.h"
 #include "watchdog.h"
+#include "route.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -300,6 +301,34 @@ block_server(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     return rc;
 }
 
+/* NULL when path can be a request's normalized path, which locations are
+ * matched against (route.c); else why the location could never match. */
+static const char *
+check_location_path(ric_conf_parse_t *cf, const char *path)
+{
+    size_t i, n = strlen(path), len;
+    u_char *norm;
+
+    for (i = 0; i < n; i++) {
+        if ((u_char) path[i] <= ' ' || (u_char) path[i] == 0x7f) {
+            return ric_conf_reason(cf, "location \"%s\" can never match: a request's path has "
+                                   "no space or control byte: write it %%-escaped, as a client "
+                                   "sends it (%%20)", path);
+        }
+    }
+    if (ric_route_path_normal((const u_char *) path, n)) {
+        return NULL;
+    }
+    norm = ric_palloc(cf->pool, n + 1);
+    if (ric_route_normalize((const u_char *) path, n, norm, &len) != RIC_OK) {
+        return ric_conf_reason(cf, "location \"%s\" can never match: a request with that path "
+                               "is refused (400)", path);
+    }
+    return ric_conf_reason(cf, "location \"%s\" can never match: locations are matched "
+                           "against the normalized path; write \"%.*s\"", path, (int) len,
+                           (const char *) norm);
+}
+
 static const char *
 block_location(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
 {
@@ -324,6 +353,9 @@ block_location(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     if (path[0] != '/') {
         return ric_conf_reason(cf, "invalid location \"%s\" in \"%s\" directive, it must start "
                                "with \"/\"", path, cmd->name);
+    }
+    if ((rc = check_location_path(cf, path)) != NULL) {
+        return rc;
     }
     for (o = cf->server->locations; o; o = o->next) {
         if (o->exact == exact && strcmp(o->path, path) == 0) {

@@ -222,8 +222,9 @@ ric_request_phase_route(ric_request_t *r)
     const ric_http_msg_t *m = r->msg;
     ric_str_t path = ric_request_span(r, m->target_off, m->path_len);
     ric_str_t host = ric_headers_find(r->c->in, m, "host");
-    u_char norm[RIC_HTTP_MAX_REQUEST_LINE];
+    static const ric_str_t root = ric_string("/");
     size_t norm_len;
+    u_char *norm;
     uint64_t limit;
 
     if (r->status != 0) {
@@ -232,7 +233,7 @@ ric_request_phase_route(ric_request_t *r)
     /* an absolute-form target names the host itself, which wins over Host
      * (RFC 9112 §3.2.2); routing uses its path (path is the target up to '?') */
     if (ric_http_absolute_form(path, &host, &path) && path.len == 0) {
-        path = (ric_str_t) ric_string("/");
+        path = root;
     }
     if (host.data != NULL) { /* routing and $host see one value */
         r->has_host = 1;
@@ -241,15 +242,23 @@ ric_request_phase_route(ric_request_t *r)
     }
     r->server = ric_route_server(r->c->listener, host);
     use_settings(r, &r->server->settings);
-    if (ric_route_normalize(path.data, path.len, norm, &norm_len) != RIC_OK) {
-        ric_log_error(RIC_LOG_INFO, 0, "client sent an invalid request (400: invalid path) while "
-                      "reading the request, client: %s", r->c->peer);
-        return ric_request_answer(r, 400, 1);
+    /* locations and scripts see the normalized path, so /x/../small,
+     * //small and /%73mall all meet the settings (and the checks) of
+     * location /small; a path already normal is not copied */
+    if (path.data != root.data && ric_route_path_normal(path.data, path.len)) {
+        r->path_off = (uint32_t) (path.data - r->c->in);
+        r->path_len = (uint32_t) path.len;
+    } else {
+        norm = ric_palloc(r->pool, path.len);
+        if (ric_route_normalize(path.data, path.len, norm, &norm_len) != RIC_OK) {
+            ric_log_error(RIC_LOG_INFO, 0, "client sent an invalid request (400: invalid path) "
+                          "while reading the request, client: %s", r->c->peer);
+            return ric_request_answer(r, 400, 1);
+        }
+        r->path_norm = norm;
+        r->path_len = (uint32_t) norm_len;
     }
-    /* locations see the decoded, normalized path, so /x/../small, //small
-     * and /%73mall all meet the settings of location /small */
-    path.data = norm;
-    path.len = norm_len;
+    path = ric_request_path(r);
     r->location = ric_route_location(r->server, path);
     if (r->location != NULL) {
         use_settings(r, &r->location->settings);

@@ -91,6 +91,11 @@ struct ric_request_s {
      * offset into c->in, which may move while the request lives */
     int has_host;
     uint32_t host_off, host_len;
+    /* the normalized path locations matched (req.path): path_norm, in the
+     * pool, when normalizing changed it; else the target's own bytes at
+     * path_off (no copy, the common case) */
+    const u_char *path_norm;
+    uint32_t path_off, path_len;
     ric_server_conf_t *server;
     ric_location_conf_t *location; /* NULL: none matched */
     const ric_http_settings_t *settings;
@@ -209,6 +214,16 @@ ric_request_host(const ric_request_t *r)
     ric_str_t none = ric_null_string;
 
     return r->has_host ? ric_request_span(r, r->host_off, r->host_len) : none;
+}
+
+/* The normalized path routing matched (ric_route_normalize): what
+ * locations and req.path see. */
+static inline ric_str_t
+ric_request_path(const ric_request_t *r)
+{
+    ric_str_t p = { r->path_norm, r->path_len };
+
+    return r->path_norm != NULL ? p : ric_request_span(r, r->path_off, r->path_len);
 }
 
 /* --- what the attempts tell the request ---------------------------------- */

@@ -1,13 +1,15 @@
 /* route.c: server selection by Host and location matching by path. */
 #include "route.h"
 
-/* Lowercased host without port or trailing dot, into buf; returns its length. */
-static size_t
-normalize_host(ric_str_t host, char *buf, size_t size)
+ric_str_t
+ric_route_host_name(ric_str_t host)
 {
-    size_t n = host.len, i;
+    size_t n = host.len;
 
-    if (n > 0 && host.data[0] == '[') {
+    if (n == 0) {
+        return host;
+    }
+    if (host.data[0] == '[') {
         /* IPv6 literal: keep up to the bracket */
         const u_char *end = memchr(host.data, ']', n);
         n = end ? (size_t) (end - host.data) + 1 : n;
@@ -18,6 +20,18 @@ normalize_host(ric_str_t host, char *buf, size_t size)
     if (n > 0 && host.data[n - 1] == '.') {
         n--;
     }
+    host.len = n;
+    return host;
+}
+
+/* Lowercased host without port or trailing dot, into buf; returns its length. */
+static size_t
+normalize_host(ric_str_t host, char *buf, size_t size)
+{
+    size_t n, i;
+
+    host = ric_route_host_name(host);
+    n = host.len;
     if (n >= size) {
         return 0;
     }
@@ -96,11 +110,100 @@ hex_value(u_char ch)
     return -1;
 }
 
+/* RFC 3986 §2.3: the characters whose escape means the character itself */
+static int
+is_unreserved(u_char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
+           || ch == '-' || ch == '.' || ch == '_' || ch == '~';
+}
+
+/* Is the escape of byte v decoded in a normalized path? Those of unreserved
+ * characters, which mean the character itself, and of bytes beyond ASCII
+ * (UTF-8: no upstream splits or reads a path on them, and a location may
+ * be written in them). Reserved characters, '%', space and controls stay
+ * escaped: decoded, they could change what the path means. */
+static int
+decoded(int v)
+{
+    return v >= 0x80 || is_unreserved((u_char) v);
+}
+
+/* The escape at p[0] ('%') of a path of len bytes left: its byte, or -1
+ * for one a path may not carry (bad hex, NUL, or '/', which upstreams
+ * split on or not as they please). */
+static int
+escape_value(const u_char *p, size_t len)
+{
+    int hi, lo, v;
+
+    if (len < 3 || (hi = hex_value(p[1])) < 0 || (lo = hex_value(p[2])) < 0) {
+        return -1;
+    }
+    v = hi << 4 | lo;
+    return v == '\0' || v == '/' ? -1 : v;
+}
+
+/* Does out[0..o) end with a segment "." or ".." (after its '/')? Returns
+ * its length (1 or 2), else 0; *seg is where it starts. */
+static size_t
+dot_segment(const u_char *out, size_t o, size_t *seg)
+{
+    size_t s = o;
+
+    while (s > 0 && out[s - 1] != '/') {
+        s--;
+    }
+    *seg = s;
+    if (o - s == 1 && out[s] == '.') {
+        return 1;
+    }
+    return o - s == 2 && out[s] == '.' && out[s + 1] == '.' ? 2 : 0;
+}
+
+int
+ric_route_path_normal(const u_char *path, size_t len)
+{
+    size_t i;
+    int v;
+
+    if (len == 0 || path[0] != '/') {
+        return 1;
+    }
+    for (i = 0; i < len; i++) {
+        switch (path[i]) {
+        case '%':
+            v = escape_value(path + i, len - i);
+            if (v < 0 || decoded(v) || path[i + 1] > 'F' || path[i + 2] > 'F') {
+                return 0; /* refused, decoded, or its hex in lowercase */
+            }
+            i += 2;
+            break;
+        case '\\':
+            return 0;
+        case '/':
+            /* "//", "/." and "/.." segments */
+            if (i + 1 < len && path[i + 1] == '/') {
+                return 0;
+            }
+            if (i + 1 < len && path[i + 1] == '.'
+                && (i + 2 == len || path[i + 2] == '/'
+                    || (path[i + 2] == '.' && (i + 3 == len || path[i + 3] == '/'))))
+            {
+                return 0;
+            }
+            break;
+        }
+    }
+    return 1;
+}
+
 int
 ric_route_normalize(const u_char *path, size_t len, u_char *out, size_t *out_len)
 {
+    static const char hex[] = "0123456789ABCDEF";
     size_t i, o = 0, seg;
-    int hi, lo;
+    int v;
     u_char ch;
 
     if (len == 0 || path[0] != '/') {
@@ -109,57 +212,46 @@ ric_route_normalize(const u_char *path, size_t len, u_char *out, size_t *out_len
         *out_len = len;
         return RIC_OK;
     }
-    for (i = 0; i < len; i++) {
-        ch = path[i];
+    for (i = 0; i <= len; i++) {
+        ch = i < len ? path[i] : '/'; /* the end closes the last segment */
+        if (ch == '\\') {
+            return RIC_ERROR; /* not a URI character; WHATWG URL parsers read it as '/' */
+        }
         if (ch == '%') {
-            if (i + 2 >= len || (hi = hex_value(path[i + 1])) < 0
-                || (lo = hex_value(path[i + 2])) < 0) {
-                return RIC_ERROR;
-            }
-            ch = (u_char) (hi << 4 | lo);
-            if (ch == '\0') {
+            if ((v = escape_value(path + i, len - i)) < 0) {
                 return RIC_ERROR;
             }
             i += 2;
+            if (!decoded(v)) {
+                /* kept escaped, in one spelling (RFC 3986 §6.2.2.1) */
+                out[o++] = '%';
+                out[o++] = (u_char) hex[v >> 4];
+                out[o++] = (u_char) hex[v & 0xf];
+                continue;
+            }
+            ch = (u_char) v;
         }
-        if (ch == '/' && o > 0 && out[o - 1] == '/') {
-            continue; /* merge "//" */
-        }
-        out[o++] = ch;
         if (ch != '/') {
+            out[o++] = ch;
             continue;
         }
-        /* a segment just ended at out[o - 1]: resolve "." and ".." */
-        seg = o - 1;
-        while (seg > 0 && out[seg - 1] != '/') {
-            seg--;
-        }
-        if (o - 1 - seg == 1 && out[seg] == '.') {
+        /* a segment ended: resolve "." and ".." (RFC 3986 §5.2.4) */
+        switch (dot_segment(out, o, &seg)) {
+        case 1:
             o = seg;
-        } else if (o - 1 - seg == 2 && out[seg] == '.' && out[seg + 1] == '.') {
+            break;
+        case 2:
             if (seg <= 1) {
                 return RIC_ERROR; /* above the root */
             }
             o = seg - 1;
-            while (o > 0 && out[o - 1] != '/') {
+            while (out[o - 1] != '/') {
                 o--;
             }
+            break;
         }
-    }
-    /* a final "." or ".." segment without its slash */
-    seg = o;
-    while (seg > 0 && out[seg - 1] != '/') {
-        seg--;
-    }
-    if (o - seg == 1 && out[seg] == '.') {
-        o = seg;
-    } else if (o - seg == 2 && out[seg] == '.' && out[seg + 1] == '.') {
-        if (seg <= 1) {
-            return RIC_ERROR;
-        }
-        o = seg - 1;
-        while (o > 0 && out[o - 1] != '/') {
-            o--;
+        if (i < len && (o == 0 || out[o - 1] != '/')) {
+            out[o++] = '/'; /* "//" merged */
         }
     }
     *out_len = o;

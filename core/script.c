@@ -8,6 +8,7 @@
 #include "log.h"
 #include "request.h"
 #include "retry.h"
+#include "route.h"
 #include "script_api.h"
 #include "upstream.h"
 #include "watchdog.h"
@@ -821,6 +822,30 @@ push_ctx_if_made(ric_request_t *r)
     }
 }
 
+/* Pushes req.host: the authority routing used (an absolute-form target's,
+ * else Host), lowercase, without its port; "" when none. A copy only when
+ * it has capitals. */
+static void
+push_host(const ric_request_t *r)
+{
+    ric_str_t h = ric_route_host_name(ric_request_host(r));
+    luaL_Buffer b;
+    size_t i = 0;
+
+    while (i < h.len && !(h.data[i] >= 'A' && h.data[i] <= 'Z')) {
+        i++;
+    }
+    if (i == h.len) {
+        lua_pushlstring(L, h.len ? (const char *) h.data : "", h.len);
+        return;
+    }
+    luaL_buffinit(L, &b);
+    for (i = 0; i < h.len; i++) {
+        luaL_addchar(&b, (char) tolower(h.data[i]));
+    }
+    luaL_pushresult(&b);
+}
+
 /* Fills the req object's fields with r's, unless they show r already:
  * before every hook, so a req a script kept from another request (an
  * earlier one, or one whose hooks interleave with r's) shows r, never
@@ -829,7 +854,7 @@ static void
 show_request(ric_request_t *r)
 {
     const ric_http_msg_t *m = r->msg;
-    ric_str_t target, path, query = ric_null_string;
+    ric_str_t target, query = ric_null_string;
 
     static const char *const res_keys[] = { "status", "ctx", NULL };
     static const char *const attempt_keys[] = { "number", "class", "elapsed", "remaining",
@@ -853,21 +878,21 @@ show_request(ric_request_t *r)
         set_raw(*k);
     }
     lua_pop(L, 1);
+    /* path: the normalized one routing matched; query: after the first '?'
+     * of the target (an absolute-form authority has none); target: as sent */
     target = ric_request_span(r, m->target_off, m->target_len);
-    path = target;
-    for (size_t i = 0; i < target.len; i++) {
-        if (target.data[i] == '?') {
-            path.len = i;
-            query.data = target.data + i + 1;
-            query.len = target.len - i - 1;
-            break;
-        }
+    if (m->path_len < m->target_len) {
+        query.data = target.data + m->path_len + 1;
+        query.len = target.len - m->path_len - 1;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_req_fields);
     set_string("method", ric_request_span(r, m->method_off, m->method_len));
-    set_string("path", path);
-    lua_pushlstring(L, query.data ? (const char *) query.data : "", query.len);
+    set_string("path", ric_request_path(r));
+    lua_pushlstring(L, query.len ? (const char *) query.data : "", query.len);
     set_raw("query");
+    set_string("target", target);
+    push_host(r);
+    set_raw("host");
     if (r->script_idempotent != 0) {
         lua_pushboolean(L, r->script_idempotent > 0);
     } else {
@@ -1127,7 +1152,8 @@ ric_script_log_cleanup(void *data)
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->ref_on_log);
     lua_newtable(L); /* ctx: a copy, so nothing the hook does reaches the request */
     set_string("method", ric_request_span(r, m->method_off, m->method_len));
-    set_string("path", ric_request_span(r, m->target_off, m->target_len));
+    set_string("path", ric_request_path(r));
+    set_string("target", ric_request_span(r, m->target_off, m->target_len));
     lua_pushinteger(L, ric_request_final_status(r));
     lua_setfield(L, -2, "status");
     lua_pushnumber(L, (double) (ric_now_exact_us() - r->start_us) / 1e6);

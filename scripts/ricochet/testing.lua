@@ -359,14 +359,84 @@ local function refill(fields, values)
     for k, v in pairs(values) do rawset(fields, k, v) end
 end
 
--- kit.request{ method = "GET", path = "/", query = "", headers = { Name = "value" }, body = nil,
---              key_header = "Idempotency-Key", ctx = {} } -> req, with the exact API of the gateway's req
--- (req.ctx: the request's own table; pass the same one to kit.attempt{ ctx = req.ctx } as the gateway does)
+-- The path as routing matches it and req.path shows it, as the gateway's ric_route_normalize (core/route.c)
+-- makes it (tests/path_cases.txt is run against both): escapes of unreserved characters and of bytes beyond
+-- ASCII decoded, other escapes kept with uppercase hex, "." and ".." segments resolved, repeated slashes merged. Returns the
+-- path, or nil and why the gateway answers 400: a bad escape, an encoded NUL or "/", a backslash, or ".."
+-- above the root. A target that is not a path ("*") is kept as it is.
+function kit.normalize_path(path)
+    if path:sub(1, 1) ~= "/" then return path end
+    if path:find("\\", 1, true) then return nil, "a backslash" end
+    local parts, i = {}, 1
+    while true do
+        local p = path:find("%", i, true)
+        if not p then parts[#parts + 1] = path:sub(i); break end
+        parts[#parts + 1] = path:sub(i, p - 1)
+        local hex = path:sub(p + 1, p + 2)
+        if not hex:match("^%x%x$") then return nil, "a bad escape" end
+        local v = tonumber(hex, 16)
+        if v == 0 then return nil, "an encoded NUL" end
+        if v == 0x2f then return nil, "an encoded /" end
+        local ch = string.char(v)
+        parts[#parts + 1] = (v >= 0x80 or ch:match("^[A-Za-z0-9._~-]$")) and ch or ("%%%02X"):format(v)
+        i = p + 3
+    end
+    local out, trailing = {}, false
+    for seg in (table.concat(parts):sub(2) .. "/"):gmatch("([^/]*)/") do
+        if seg == ".." then
+            if #out == 0 then return nil, "\"..\" above the root" end
+            out[#out] = nil
+            trailing = true
+        elseif seg == "." or seg == "" then
+            trailing = true
+        else
+            out[#out + 1] = seg
+            trailing = false
+        end
+    end
+    return "/" .. table.concat(out, "/") .. (trailing and #out > 0 and "/" or "")
+end
+
+-- req.host: a Host value or an absolute-form authority as routing uses it, lowercase, without its port
+local function host_name(h)
+    if h:sub(1, 1) == "[" then
+        h = h:sub(1, h:find("]", 1, true) or #h)
+    else
+        h = h:sub(1, (h:find(":", 1, true) or #h + 1) - 1)
+    end
+    return (h:gsub("%.$", "")):lower()
+end
+
+-- kit.request{ method = "GET", path = "/", query = "", target = nil, host = nil, headers = { Name = "value" },
+--              body = nil, key_header = "Idempotency-Key", ctx = {} } -> req, with the exact API of the gateway's
+-- req (req.ctx: the request's own table; pass the same one to kit.attempt{ ctx = req.ctx } as the gateway does).
+-- target, the request target as sent ("/a/./b?q" or "http://host/a?q"), gives path, query and (absolute-form)
+-- host as the gateway does, so give it or path and query, not both; otherwise target is path["?" query].
+-- req.path is normalized as the gateway's (kit.normalize_path): a path the gateway answers 400 is an error.
+-- req.host: host, else the absolute-form target's authority, else the Host field, lowercase without the port.
 function kit.request(t)
     t = t or {}
-    current.req = { headers = lower_map(t.headers), edits = {}, body = t.body,
+    local headers = lower_map(t.headers)
+    local target, path, query, host = t.target, t.path or "/", t.query or "", t.host
+    if target ~= nil then
+        if t.path ~= nil or t.query ~= nil then error("kit.request: give target, or path and query, not both", 2) end
+        local authority, rest = target:match("^%a[%w+.-]*://([^/?]*)(.*)$")
+        host = host or authority
+        rest = rest or target
+        path, query = rest:match("^([^?]*)%??(.*)$")
+        if path == "" then path = "/" end
+    else
+        target = path .. (query ~= "" and "?" .. query or "")
+    end
+    local normal, why = kit.normalize_path(path)
+    if not normal then
+        error(("kit.request: the gateway answers 400 to the path %q (%s)"):format(path, why), 2)
+    end
+    host = host or headers.host or ""
+    current.req = { headers = headers, edits = {}, body = t.body,
         key_header = t.key_header or "Idempotency-Key" }
-    refill(api.req_fields, { method = t.method or "GET", path = t.path or "/", query = t.query or "",
+    refill(api.req_fields, { method = t.method or "GET", path = normal, query = query, target = target,
+        host = host_name(host),
         ctx = t.ctx or {}, client = t.client or "127.0.0.1",
         id = t.id or ("%032x"):format(math.random(0, 2 ^ 31)) })
     return api.req

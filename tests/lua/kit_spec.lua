@@ -356,4 +356,73 @@ return route
         local d = kit.load(write("shared2.lua", "return {}")) and nil
         assert.is_nil(d)
     end)
+
+    it("normalizes paths as the gateway does: every case of tests/path_cases.txt", function()
+        local n = 0
+        for line in io.lines("tests/path_cases.txt") do
+            local path, want = line:match("^([^#%s]%S*)%s+(%S+)$")
+            if path then
+                n = n + 1
+                local got, why = kit.normalize_path(path)
+                if want == "400" then
+                    assert.is_nil(got, path)
+                    assert.truthy(why, path)
+                else
+                    assert.equal(want, got, path)
+                end
+            end
+        end
+        assert.is_true(n > 40)
+    end)
+
+    it("shows path, query, host and target as the gateway does", function()
+        local req = kit.request{ target = "HTTP://Anything:8080/g/x/./y?q=1&r=%2F", headers = { Host = "a.test" } }
+        assert.equal("/g/x/y", req.path)
+        assert.equal("q=1&r=%2F", req.query)
+        assert.equal("anything", req.host)
+        assert.equal("HTTP://Anything:8080/g/x/./y?q=1&r=%2F", req.target)
+        req = kit.request{ target = "/g//a/%7euser/b%3f?", headers = { Host = "Example.COM:8080" } }
+        assert.equal("/g/a/~user/b%3F", req.path)
+        assert.equal("", req.query)
+        assert.equal("example.com", req.host)
+        req = kit.request{ target = "https://[::1]:8443?x=/../" }
+        assert.equal("/", req.path)
+        assert.equal("x=/../", req.query)
+        assert.equal("[::1]", req.host)
+        req = kit.request{ path = "/f/%61dmin/./users", query = "a=b", host = "A.test." }
+        assert.equal("/f/admin/users", req.path)
+        assert.equal("/f/%61dmin/./users?a=b", req.target)
+        assert.equal("a.test", req.host)
+        req = kit.request{}
+        assert.equal("/", req.path)
+        assert.equal("/", req.target)
+        assert.equal("", req.host)
+    end)
+
+    it("lets a script's path check see every spelling of the path, as in the gateway", function()
+        local route = kit.load(write("admin.lua", [[
+return { on_request = function(req)
+    if req.path:sub(1, 9) == "/g/admin/" then req:respond(403, {}, "no admin") end
+end }
+]]))
+        for _, target in ipairs({ "http://anything/g/admin/users", "/g/./admin/users", "/g//admin/users",
+                                  "/g/%61dmin/users", "/g/x/../admin/users", "/g/%2e%2e/g/admin/users" }) do
+            local req = kit.request{ target = target }
+            route.on_request(req)
+            assert.equal(403, (kit.answer(req) or {}).status, target)
+        end
+        local req = kit.request{ target = "/g/public/users" }
+        route.on_request(req)
+        assert.is_nil(kit.answer(req))
+    end)
+
+    it("refuses, as the gateway answers 400, a path above the root or an encoded slash", function()
+        for _, target in ipairs({ "/../x", "http://a/../x", "/f/admin%2Fusers", "/a\\b" }) do
+            local ok, err = pcall(kit.request, { target = target })
+            assert.is_false(ok, target)
+            assert.matches("the gateway answers 400", err, 1, true)
+        end
+        assert.has_error(function() kit.request{ target = "/a", path = "/b" } end,
+            "kit.request: give target, or path and query, not both")
+    end)
 end)

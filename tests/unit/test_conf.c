@@ -116,6 +116,18 @@ test_errors(void)
     check_error("location without slash",
                 "http {\n server {\n  listen 80;\n  location a {}\n }\n}\n", 4,
                 "invalid location \"a\" in \"location\" directive, it must start with \"/\"");
+    check_error("location that is no normalized path",
+                "http {\n server {\n  listen 80;\n  location /a/./%62%3f {}\n }\n}\n", 4,
+                "location \"/a/./%62%3f\" can never match: locations are matched against the "
+                "normalized path; write \"/a/b%3F\"");
+    check_error("location a request cannot have",
+                "http {\n server {\n  listen 80;\n  location /a/../../b {}\n }\n}\n", 4,
+                "location \"/a/../../b\" can never match: a request with that path is refused "
+                "(400)");
+    check_error("location with a space",
+                "http {\n server {\n  listen 80;\n  location = \"/a b\" {}\n }\n}\n", 4,
+                "location \"/a b\" can never match: a request's path has no space or control "
+                "byte: write it %-escaped, as a client sends it (%20)");
     check_error("duplicate upstream", "http {\n upstream u { server 127.0.0.1:1; }\n"
                 " upstream u { server 127.0.0.1:2; }\n}\n", 3, "duplicate upstream \"u\"");
     check_error("empty upstream", "http {\n upstream u {\n }\n}\n", 2,

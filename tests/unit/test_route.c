@@ -27,6 +27,71 @@ location_for(ric_conf_t *conf, const char *path)
     return l ? l->path : "(none)";
 }
 
+/* Every case of tests/path_cases.txt (which the test kit's normalizer runs
+ * too), and ric_route_path_normal agrees with what normalizing does. */
+static void
+test_normalize(void)
+{
+    FILE *f = fopen("tests/path_cases.txt", "r");
+    char line[512], in[256], want[256];
+    u_char out[256];
+    size_t n;
+    int rc, cases = 0;
+
+    UNIT_CASE("tests/path_cases.txt is read (run from the top of the tree)");
+    UNIT_CHECK(f != NULL);
+    if (f == NULL) {
+        return;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (line[0] == '#' || line[0] == '\n' || sscanf(line, "%255s %255s", in, want) != 2) {
+            continue;
+        }
+        cases++;
+        UNIT_CASE(in);
+        memset(out, 0xAA, sizeof(out));
+        rc = ric_route_normalize((const u_char *) in, strlen(in), out, &n);
+        if (strcmp(want, "400") == 0) {
+            UNIT_CHECK_INT(rc, RIC_ERROR);
+            UNIT_CHECK_INT(ric_route_path_normal((const u_char *) in, strlen(in)), 0);
+            continue;
+        }
+        UNIT_CHECK_INT(rc, RIC_OK);
+        UNIT_CHECK(n <= strlen(in) && out[strlen(in)] == 0xAA); /* never longer, nothing past */
+        out[n] = '\0';
+        UNIT_CHECK_STR((const char *) out, want);
+        UNIT_CHECK_INT(ric_route_path_normal((const u_char *) in, strlen(in)), strcmp(in, want) == 0);
+        UNIT_CHECK_INT(ric_route_path_normal(out, n), 1);
+    }
+    fclose(f);
+    UNIT_CASE("the cases file has its cases");
+    UNIT_CHECK(cases > 40);
+
+    UNIT_CASE("the query is no part of the path: '?' and after it untouched by routing");
+    UNIT_CHECK_INT(ric_route_normalize((const u_char *) "/a/./b", 6, out, &n), RIC_OK);
+    UNIT_CHECK(n == 4 && memcmp(out, "/a/b", 4) == 0);
+}
+
+static void
+test_host_name(void)
+{
+    static const struct {
+        const char *host, *name;
+    } cases[] = {
+        { "Example.COM:8080", "Example.COM" }, { "a.test.", "a.test" }, { "a.test.:80", "a.test" },
+        { "[::1]:8080", "[::1]" }, { "[::1]", "[::1]" }, { "anything", "anything" }, { "", "" },
+    };
+    ric_str_t got;
+    size_t i;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        UNIT_CASE(cases[i].host);
+        got = ric_route_host_name(str(cases[i].host));
+        UNIT_CHECK(got.len == strlen(cases[i].name)
+                   && memcmp(got.data, cases[i].name, got.len) == 0);
+    }
+}
+
 int
 main(void)
 {
@@ -74,5 +139,7 @@ main(void)
     UNIT_CHECK(ric_route_location(conf->http->servers->next, str("/a")) == NULL);
 
     ric_conf_free(conf);
+    test_normalize();
+    test_host_name();
     return UNIT_DONE("route");
 }
