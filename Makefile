@@ -109,9 +109,10 @@ fuzz: $(BUILD)/default_conf.c $(BUILD)/embedded_lua.c
 	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Icore \
 	        -I$(BUILD) $(PKG_CFLAGS) -o $(BUILD)/fuzz/$$name $$f $(CORE_SRC) $(BUILD)/default_conf.c $(BUILD)/embedded_lua.c $(PKG_LIBS) -lm; \
 	    corpus=tests/fuzz/corpus/$${name#fuzz_}; work=$(BUILD)/fuzz/$$name.corpus; \
+	    dict=tests/fuzz/$${name#fuzz_}.dict; [ -f $$dict ] || dict=tests/fuzz/http.dict; \
 	    rm -rf $$work; mkdir -p $$work; \
 	    echo "fuzzing $$name for $(FUZZ_SECONDS)s"; \
-	    $(BUILD)/fuzz/$$name -max_total_time=$(FUZZ_SECONDS) -dict=tests/fuzz/http.dict \
+	    $(BUILD)/fuzz/$$name -max_total_time=$(FUZZ_SECONDS) -dict=$$dict \
 	        -artifact_prefix=$(BUILD)/fuzz/ $$work $$corpus; \
 	done
 

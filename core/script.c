@@ -10,6 +10,7 @@
 #include "retry.h"
 #include "route.h"
 #include "script_api.h"
+#include "script_json.h"
 #include "upstream.h"
 #include "watchdog.h"
 
@@ -141,15 +142,22 @@ over_bound(void)
            || ric_now_exact_us() - call_start_us > ric_script_timeout_ms * 1000;
 }
 
-/* sandbox.lua's guard: the clock checked after a library call that can
- * run long, so a hook is stopped at its bound, not after the next
- * instructions. */
-static int
-l_guard(lua_State *l)
+/* The clock checked after a library call that can run long (and inside
+ * the JSON module's), so a hook is stopped at its bound, not after the
+ * next instructions: raises the stop past it. */
+static void
+check_bound(lua_State *l)
 {
     if (call_running && over_bound()) {
         stop_now(l);
     }
+}
+
+/* sandbox.lua's guard */
+static int
+l_guard(lua_State *l)
+{
+    check_bound(l);
     return 0;
 }
 
@@ -314,8 +322,8 @@ scripts_free(void *data)
     }
 }
 
-/* At exit, in every process that has a copy: Lua libraries (cjson) free
- * what they hold only when the state closes. */
+/* At exit, in every process that has a copy: what a state holds goes
+ * when it closes. */
 static void
 state_close(void)
 {
@@ -345,6 +353,8 @@ state_init(char *err, size_t errlen)
         return RIC_ERROR;
     }
     luaL_openlibs(L);
+    /* cjson and cjson.safe are ours: what they allocate is the state's */
+    ric_script_json_open(L, check_bound);
     /* the strings' metatable reaches the real string table from any
      * script: sandbox.lua bounds what is there (rep, gsub, ...) */
     lua_pushcfunction(L, l_traceback);
@@ -356,8 +366,8 @@ state_init(char *err, size_t errlen)
     }
     ric_script_api_push(L, push_ctx);
     if (lua_pcall(L, 1, 1, 0) != 0) {
-        snprintf(err, errlen, "cannot start the route script library: %s (is lua-cjson "
-                 "installed?)", lua_tostring(L, -1));
+        snprintf(err, errlen, "cannot start the route script library: %s",
+                 lua_tostring(L, -1));
         return RIC_ERROR;
     }
     lua_getfield(L, -1, "req");

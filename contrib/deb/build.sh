@@ -30,11 +30,12 @@ sed -e 's|/usr/local/sbin/|/usr/sbin/|g' -e 's|/usr/local/etc/|/etc/|g' \
     contrib/systemd/ricochet.service > "$root/lib/systemd/system/ricochet.service"
 install -m 644 contrib/logrotate/ricochet "$root/etc/logrotate.d/ricochet"
 
-# what the binary links against, by the packages that hold those libraries
+# what the binary links against, by the packages that hold those libraries; the gateway's JSON
+# module is its own, so lua-cjson is only the test kit's (ricochet/testing.lua runs scripts on it)
 deps=$(ldd "$root/usr/sbin/ricochet" | awk '/=> \// { print $3 }' | while read -r lib; do
     dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true
 done | cut -d: -f1 | sort -u | grep -v '^libc6$' | tr '\n' ' ')
-depends="libc6, lua-cjson"
+depends="libc6"
 for p in $deps; do depends="$depends, $p"; done
 
 size=$(du -sk "$root" | cut -f1)
@@ -45,6 +46,7 @@ Architecture: $arch
 Maintainer: ricochet developers <ricochet@localhost>
 Installed-Size: $size
 Depends: $depends
+Recommends: lua-cjson
 Section: httpd
 Priority: optional
 Homepage: https://localhost/ricochet

@@ -2,10 +2,12 @@
 --
 -- The gateway and the test kit (ricochet.testing) both load scripts through this file, so a script sees
 -- the same world offline as in production. It returns
---   prepare(path, ricochet, bundled_dir, sources) -> the script's main chunk, ready to run (the caller
---                                           runs it, bounded), or nil and "path:line: reason"; sources
+--   prepare(path, ricochet, bundled_dir, sources, json) -> the script's main chunk, ready to run (the
+--                                           caller runs it, bounded), or nil and "path:line: reason"; sources
 --                                           (file -> text) is read before the disk and keeps what was read,
---                                           so a state made again runs the text it first ran;
+--                                           so a state made again runs the text it first ran; json (optional:
+--                                           { cjson = M, ["cjson.safe"] = M }) is where the script's own
+--                                           instances come from (M.new()), the loaded cjson by default;
 --   check(path, route)                   -> route, or nil and a reason: what the chunk returned must be
 --                                           a table of hooks;
 --   unwind()                             -> after a call that failed: its bookkeeping put back (below).
@@ -179,8 +181,9 @@ local function check(path, route)
     return route
 end
 
-local function prepare(path, ricochet, bundled_dir, sources)
+local function prepare(path, ricochet, bundled_dir, sources, json)
     sources = sources or {}
+    json = json or { cjson = require("cjson"), ["cjson.safe"] = require("cjson.safe") }
     local dir = path:match("^(.*)/[^/]*$") or "."
     local env = {
         assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = safe_pcall,
@@ -199,7 +202,7 @@ local function prepare(path, ricochet, bundled_dir, sources)
     env._G = env
     local loaded = {
         -- instances of the script's own: what it configures (decode_max_depth...) no one else sees
-        cjson = require("cjson").new(), ["cjson.safe"] = require("cjson.safe").new(), ricochet = env.ricochet,
+        cjson = json.cjson.new(), ["cjson.safe"] = json["cjson.safe"].new(), ricochet = env.ricochet,
         string = env.string, table = env.table, math = env.math, bit = env.bit, os = env.os,
     }
     env.require = function(name)

@@ -127,6 +127,79 @@ local function uuid()
     return s:sub(1, 8) .. "-" .. s:sub(9, 12) .. "-" .. s:sub(13, 16) .. "-" .. s:sub(17, 20) .. "-" .. s:sub(21)
 end
 
+-- cjson as the gateway's JSON module has it (core/script_json.c): lua-cjson 2.1.0's texts and errors, and
+-- the gateway's refusals, so a script sees offline what it sees live: nesting deeper than 1000 cannot be set,
+-- a setting's integer is checked before lua-cjson casts it, and an array longer than 2^24 (its largest
+-- index, when the sparse settings make it an array) is refused before lua-cjson writes its nulls (or loops
+-- on an index near 2^31). The kit bounds neither time nor memory: what the gateway stops, lua-cjson runs.
+local JSON_MAX_DEPTH, JSON_ARRAY_MAX, INT_MAX = 1000, 16777216, 2147483647
+
+-- an array's refusal in v (a table at depth), as the gateway's encoder meets them, or nil
+local function long_array(v, depth, cfg)
+    if type(v) ~= "table" or depth > cfg.depth then return nil end -- lua-cjson refuses the nesting itself
+    local max, items, array = 0, 0, true
+    for k in pairs(v) do
+        if type(k) == "number" and k >= 1 and k == math.floor(k) and k <= INT_MAX then
+            if k > max then max = k end
+            items = items + 1
+        else
+            array = false
+            break
+        end
+    end
+    local sparse = cfg.ratio > 0 and max > items * cfg.ratio and max > cfg.safe
+    if array and not sparse and max > JSON_ARRAY_MAX then
+        return ("Cannot serialise table: array index %.14g is over %d"):format(max, JSON_ARRAY_MAX)
+    end
+    for _, x in pairs(v) do
+        local why = long_array(x, depth + 1, cfg)
+        if why then return why end
+    end
+end
+
+local function json_module(real, safe)
+    local function int_arg(name, v, min, max)
+        if type(v) == "number" and (v < min or v > max) then
+            error(("bad argument #1 to '%s' (expected integer between %d and %d)"):format(name, min, max), 0)
+        end
+    end
+    local M = {}
+    function M.new()
+        local inst, cfg = real.new(), { depth = JSON_MAX_DEPTH, ratio = 2, safe = 10 }
+        local m = {}
+        for k, v in pairs(inst) do m[k] = v end
+        m.new = M.new
+        function m.encode_max_depth(...)
+            int_arg("encode_max_depth", (...), 1, JSON_MAX_DEPTH)
+            cfg.depth = inst.encode_max_depth(...)
+            return cfg.depth
+        end
+        function m.decode_max_depth(...)
+            int_arg("decode_max_depth", (...), 1, JSON_MAX_DEPTH)
+            return inst.decode_max_depth(...)
+        end
+        function m.encode_sparse_array(...)
+            int_arg("encode_sparse_array", select(2, ...), 0, INT_MAX)
+            int_arg("encode_sparse_array", select(3, ...), 0, INT_MAX)
+            local convert, ratio, safe_index = inst.encode_sparse_array(...)
+            cfg.ratio, cfg.safe = ratio, safe_index
+            return convert, ratio, safe_index
+        end
+        function m.encode(...)
+            local why = select("#", ...) == 1 and long_array((...), 1, cfg)
+            if why then
+                if safe then return nil, why end
+                error(why, 0)
+            end
+            return inst.encode(...)
+        end
+        return m
+    end
+    return M.new()
+end
+local kit_json = { cjson = json_module(require("cjson"), false),
+    ["cjson.safe"] = json_module(require("cjson.safe"), true) }
+
 -- The hook a route loaded with kit.load is running (nil: none, a spec calling methods directly): only
 -- on_request may change the request, as in the gateway.
 local running_hook
@@ -520,7 +593,7 @@ end
 function kit.load(path)
     local ricochet = api.ricochet
     local sources = {}
-    local chunk, err = sandbox.prepare(path, ricochet, nil, sources)
+    local chunk, err = sandbox.prepare(path, ricochet, nil, sources, kit_json)
     if not chunk then error(err, 2) end
     local handler = error_text(sources)
     local route = call(handler, chunk)

@@ -425,4 +425,50 @@ end }
         assert.has_error(function() kit.request{ target = "/a", path = "/b" } end,
             "kit.request: give target, or path and query, not both")
     end)
+
+    it("has the gateway's cjson: lua-cjson's texts and errors, and the settings and arrays it refuses", function()
+        local route = kit.load(write("json.lua", [[
+local cjson, safe = require("cjson"), require("cjson.safe")
+local route = {}
+function route.on_request(req)
+    local body = req:json()
+    local bad, err = safe.decode("{")
+    req:set_header("X-Json", cjson.encode({ body.list, body.none == cjson.null, bad == nil, err }))
+    local huge = req.path == "/huge"
+    if req.path == "/sparse-off" or huge then
+        cjson.encode_sparse_array(false, 0, 0)
+        safe.encode_sparse_array(false, 0, 0)
+        req:set_header("X-Holes", cjson.encode({ [3] = 1 }))
+        local s, why = safe.encode({ [2 ^ 31 - 1] = 1 })
+        req:set_header("X-Safe", tostring(s) .. " " .. why)
+        if huge then cjson.encode({ [2 ^ 31 - 1] = 1 }) end
+    elseif req.path == "/depth" then
+        cjson.decode_max_depth(2 ^ 31 - 1)
+    elseif req.path == "/sparse-cast" then
+        cjson.encode_sparse_array(false, 2 ^ 40)
+    end
+end
+return route
+]]))
+        local function run(path)
+            local req = kit.request{ method = "POST", path = path, body = '{"list":[1,2.5,"a/b\\u00e9",true,{"k":[]},1e300],"none":null}' }
+            local ok, err = pcall(route.on_request, req)
+            return kit.upstream(req), ok, err
+        end
+        local up = run("/")
+        assert.equal('[[1,2.5,"a\\/b\195\169",true,{"k":{}},1e+300],true,true,'
+            .. '"Expected object key string but found T_END at character 2"]', up["x-json"])
+        up = run("/sparse-off")
+        assert.equal("[null,null,1]", up["x-holes"])
+        assert.equal("nil Cannot serialise table: array index 2147483647 is over 16777216", up["x-safe"])
+        local _, ok, err = run("/huge")
+        assert.is_false(ok)
+        assert.matches("Cannot serialise table: array index 2147483647 is over 16777216", err, 1, true)
+        _, ok, err = run("/depth")
+        assert.is_false(ok)
+        assert.matches("bad argument #1 to 'decode_max_depth' (expected integer between 1 and 1000)", err, 1, true)
+        _, ok, err = run("/sparse-cast")
+        assert.is_false(ok)
+        assert.matches("expected integer between 0 and 2147483647", err, 1, true)
+    end)
 end)
