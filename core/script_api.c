@@ -389,6 +389,7 @@ free_answer(void *data)
 {
     ric_request_t *r = data;
 
+    ric_pool_released += r->script_answer.size + r->script_copied;
     ric_buf_free(&r->script_answer);
 }
 

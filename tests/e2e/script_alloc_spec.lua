@@ -30,6 +30,10 @@ on["/a/edit-loop"] = function(req)
     for i = 1, 100000 do req:set_header("X-Loop", kib) end
     req:set_header("X-Loop", "last")
 end
+on["/a/allowed"] = function(req) -- within every bound: 60 KiB of fields
+    req:set_header("X-A", ("a"):rep(30 * 1024))
+    req:set_header("X-B", ("b"):rep(30 * 1024))
+end
 on["/a/edit-names"] = function(req)
     for i = 1, 100 do req:set_header("X-N" .. i, kib) end -- 100 KiB: over what a request's edits copy
 end
@@ -204,6 +208,25 @@ describe("what a script makes the gateway copy", function()
         assert.same({}, H.hit_values(up:hits()[1], "X-N1"), "a failed on_request changes nothing")
         assert.truthy(gw:log():find("req:set_header: the request's set_header calls would copy more than "
             .. "the 65536 bytes they may", 1, true), ctx(gw))
+        still_serving()
+    end)
+
+    it("gives back what a burst of large but allowed fields held, once the worker is idle", function()
+        up:program({ default = { status = 200, body = "ok\n", delay_ms = 200 } })
+        local before = assert(status_kb(worker, "VmRSS"))
+        local reqs = {}
+        for i = 1, 200 do reqs[i] = { path = "/a/allowed" } end
+        local rs = H.fire(gw.port, reqs, 200)
+        for i = 1, 200 do assert.equal(200, rs[i] and rs[i].status, ctx(gw)) end
+        assert.equal(("a"):rep(30 * 1024), H.hit_values(up:hits()[1], "X-A")[1])
+        if not sanitized() then
+            -- handed back after the last request ends (its connection's linger included): far within 10 s
+            local back = H.wait_until(function()
+                return assert(status_kb(worker, "VmRSS")) - before < 10 * 1024
+            end, 10)
+            assert.truthy(back, ("worker RSS %d KiB before, %d KiB after"):format(before,
+                status_kb(worker, "VmRSS")))
+        end
         still_serving()
     end)
 
