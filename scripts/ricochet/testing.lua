@@ -387,7 +387,8 @@ local function refill(fields, values)
 end
 
 -- kit.request{ method = "GET", path = "/", query = "", headers = { Name = "value" }, body = nil,
---              key_header = "Idempotency-Key", ctx = {} } -> req, with the exact API of the gateway's req
+--              key_header = "Idempotency-Key", deadline_header = "X-Request-Timeout",
+--              attempt_header = "X-Ricochet-Attempt" (or "off"), ctx = {} } -> req, with the exact API of the gateway's req
 -- (req.ctx: the request's own table; pass the same one to kit.attempt{ ctx = req.ctx } as the gateway does)
 function kit.request(t)
     t = t or {}
