@@ -389,7 +389,7 @@ free_answer(void *data)
 {
     ric_request_t *r = data;
 
-    ric_pool_released += r->script_answer.size + r->script_copied;
+    ric_pool_released += r->script_answer.size; /* a large one may leave a hole */
     ric_buf_free(&r->script_answer);
 }
 
@@ -402,7 +402,7 @@ req_respond(lua_State *L)
 {
     ric_request_t *r = changing(L, "req:respond");
     int status = (int) luaL_checkinteger(L, 1), i, n;
-    size_t nlen, vlen, blen, fields = 0;
+    size_t nlen, vlen, blen, fields = 0, head;
     const char *name, *value, *body;
     ric_buf_t *h = &r->script_answer;
     int typed = 0;
@@ -466,13 +466,13 @@ req_respond(lua_State *L)
     if (!typed && status != 204 && status != 304) {
         ric_buf_puts(h, "Content-Type: text/plain\r\n");
     }
-    fields = h->len;
+    head = h->len;
     ric_buf_put(h, body, blen);
     ric_buf_put(h, "", 1); /* data is never NULL after the first call (an empty answer too) */
     r->script_status = status;
     r->own_fields.data = h->data;
-    r->own_fields.len = fields;
-    r->own_body.data = h->data + fields;
+    r->own_fields.len = head;
+    r->own_body.data = h->data + head;
     r->own_body.len = blen;
     return 0;
 }
