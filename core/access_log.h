@@ -21,13 +21,15 @@ typedef struct {
 /* A field a route script's on_log added (ctx:set), under "script". */
 typedef struct {
     const char *name;
-    const char *text;   /* a string's bytes, or a number's or boolean's JSON */
+    char *text;         /* a string's bytes, or a number's or boolean's JSON: room for
+                         * RIC_SCRIPT_FIELD_VALUE_MAX, so setting it again copies nothing new */
     size_t len;
     int quoted;         /* a string: escaped and quoted as JSON */
 } ric_script_field_t;
 
 #define RIC_MAX_SCRIPT_FIELDS 16
 #define RIC_SCRIPT_FIELDS_BYTES 2048 /* names and values together */
+#define RIC_SCRIPT_FIELD_VALUE_MAX 256 /* a string value's bytes */
 
 typedef struct {
     char id[33];    /* the request's (ric_request_id) */

@@ -275,6 +275,7 @@ block_http(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
     }
     cf->conf->http = ric_pcalloc(cf->pool, sizeof(ric_http_conf_t));
     settings_init(&cf->conf->http->settings);
+    ric_shared_dict_begin();
     return enter_block(cf, RIC_CONF_HTTP);
 }
 
@@ -1192,7 +1193,10 @@ set_script(ric_conf_parse_t *cf, const ric_conf_cmd_t *cmd, void *conf)
         return dup;
     }
     path = ric_conf_full_path(cf->pool, cf->conf->prefix, cf->args[1]);
+    /* its main chunk may name a lua_shared_dict declared further down */
+    ric_shared_dict_reading(1);
     s = ric_script_load(cf->conf, path, err, sizeof(err));
+    ric_shared_dict_reading(0);
     if (s == NULL) {
         return ric_conf_reason(cf, "cannot load script \"%s\": %s", cf->args[1], err);
     }
@@ -2599,6 +2603,10 @@ ric_conf_finish(ric_conf_parse_t *cf)
     /* the bounds of every hook call from here on (a main chunk ran under
      * the defaults: the directives may come after the scripts) */
     ric_script_limits(c);
+    /* the dictionaries main chunks named, declared anywhere in the block */
+    if (ric_shared_dict_resolve(cf->err, cf->errlen) != RIC_OK) {
+        return ric_conf_reported;
+    }
     if ((reason = check_idem_stores(cf)) != NULL) {
         snprintf(cf->err, cf->errlen, "%s", reason);
         return ric_conf_reported;

@@ -16,6 +16,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <malloc.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +160,12 @@ main(int argc, char **argv)
     ric_log_t log;
     ric_shm_t *zone;
 
+    /* glibc raises its mmap threshold to the size of each mapped block
+     * freed (up to 32 MiB), so after one large answer or script string the
+     * next ones come from the heap, and a burst of them stays resident
+     * while the worker idles. A fixed threshold keeps every block of 128
+     * KiB or more a mapping of its own, given back when it is freed. */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     if (argc == 2 && strcmp(argv[1], "--directives") == 0) {
         return ric_conf_print_directives(stdout);
     }

@@ -1,6 +1,7 @@
 /* pool.c: arena blocks and cleanup handlers for config and per-request memory. */
 #include "pool.h"
 
+#include <malloc.h>
 #include <stdalign.h>
 
 struct ric_pool_block_s {
@@ -28,6 +29,17 @@ block_new(size_t size)
     b->used = 0;
     b->size = size;
     return b;
+}
+
+size_t ric_pool_released;
+
+void
+ric_pool_trim_idle(void)
+{
+    if (ric_pool_released >= RIC_POOL_TRIM_AFTER) {
+        ric_pool_released = 0;
+        malloc_trim(0);
+    }
 }
 
 /* Destroyed pools kept, each with its first block, for the next pool of
@@ -80,6 +92,7 @@ ric_pool_destroy(ric_pool_t *pool)
     for (b = pool->blocks; b != NULL; b = next) {
         next = b->next;
         if (b != pool->first) {
+            ric_pool_released += b->size;
             free(b);
         }
     }

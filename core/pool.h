@@ -30,6 +30,19 @@ void *ric_pcalloc(ric_pool_t *pool, size_t n);
 char *ric_pstrdup(ric_pool_t *pool, const char *s);
 char *ric_pstrndup(ric_pool_t *pool, const char *s, size_t n);
 
+/* Bytes freed since the last trim in blocks beyond a pool's first, and in
+ * other buffers a request grew past the usual (their owners add them).
+ * What is freed in pieces (large answers, many large fields of many
+ * requests at once) lies in holes of the heap that free does not give
+ * back to the system: past RIC_POOL_TRIM_AFTER, an idle worker does. */
+extern size_t ric_pool_released;
+#define RIC_POOL_TRIM_AFTER (1 << 20)
+
+/* For a moment when the worker has no request: past RIC_POOL_TRIM_AFTER
+ * released, gives the heap's free pages back (malloc_trim) and counts
+ * again from 0; never once per request of an ordinary stream. */
+void ric_pool_trim_idle(void);
+
 /* Registers handler(data) to run when the pool is destroyed. */
 void ric_pool_cleanup_add(ric_pool_t *pool, void (*handler)(void *), void *data);
 

@@ -15,6 +15,20 @@
 static void log_cleanup(void *data);
 
 static uint64_t requests_seen; /* by this worker */
+static unsigned requests_live; /* made and not yet finalized */
+static int trim_pending;       /* on_idle is due */
+
+static void
+on_idle(evutil_socket_t fd, short what, void *arg)
+{
+    (void) fd;
+    (void) what;
+    (void) arg;
+    trim_pending = 0;
+    if (requests_live == 0) {
+        ric_pool_trim_idle();
+    }
+}
 
 static uint32_t id_started, id_pid;
 
@@ -55,6 +69,7 @@ request_create(void *ctx, ric_conn_t *c, int error_status)
     r->msg = &c->msg;
     r->start_us = ric_now_us();
     r->seq = ++requests_seen;
+    requests_live++;
     r->server = c->listener->default_server;
     r->settings = &r->server->settings;
     r->status = error_status;
@@ -204,6 +219,12 @@ ric_request_finalize(ric_request_t *r, ric_request_end_t end)
         a->cancel(a); /* a late callback must never find the request */
     }
     ric_pool_destroy(r->pool); /* the cleanups, then the request's memory */
+    if (--requests_live == 0 && ric_pool_released >= RIC_POOL_TRIM_AFTER && !trim_pending) {
+        /* the last of a burst that freed much: trimmed once what its
+         * connections hold is gone too, if no request came meanwhile */
+        struct timeval tv = { 1, 0 };
+        trim_pending = event_base_once(c->base, -1, EV_TIMEOUT, on_idle, NULL, &tv) == 0;
+    }
     ric_conn_request_done(c, end);
 }
 

@@ -69,6 +69,9 @@ typedef struct ric_header_edit_s ric_header_edit_t;
 struct ric_header_edit_s {
     ric_str_t name;
     ric_str_t value;
+    u_char *room;     /* (pool) where its values go, room_size bytes and a NUL: setting the
+                       * name again copies into it, a longer value makes it anew */
+    size_t room_size;
     ric_header_edit_t *next;
 };
 
@@ -147,6 +150,9 @@ struct ric_request_s {
     const char *script_key;    /* req:set_idempotency_key (pool) */
     int script_key_removed;    /* req:set_header(key field, nil): the client's key is not sent */
     int script_status;         /* req:respond's status; 0: it did not answer */
+    ric_buf_t script_answer;   /* req:respond's fields, then its body (malloc: a later call
+                                * reuses it, finalize frees it) */
+    size_t script_copied;      /* what set_header calls copied into the pool (a bound) */
     int script_ctx_ref;        /* the script's per-request table (req.ctx); 0: none yet */
     int script_logs;           /* its script's on_log is a cleanup of it (on_request's place) */
     unsigned script_ctx_gen;   /* ...of this generation of the scripts' state */

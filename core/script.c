@@ -698,7 +698,10 @@ static ric_request_t *log_request; /* the request whose on_log runs */
 
 /* ctx:set(name, value): name 1 to 64 of [A-Za-z0-9_.-], value a string (up
  * to 256 bytes), a number or a boolean; at most RIC_MAX_SCRIPT_FIELDS
- * fields and RIC_SCRIPT_FIELDS_BYTES in all; setting a name again replaces it. */
+ * fields and RIC_SCRIPT_FIELDS_BYTES in all; setting a name again replaces it,
+ * in the room its first set made (a loop of sets does not grow the pool).
+ * Its upvalue is the seq of the request whose ctx it is: a ctx kept from
+ * an earlier on_log and called in another's writes nothing there. */
 static int
 l_ctx_set(lua_State *l)
 {
@@ -713,6 +716,10 @@ l_ctx_set(lua_State *l)
     if (r == NULL) {
         return luaL_error(l, "ctx:set can only be called in on_log");
     }
+    if (lua_tonumber(l, lua_upvalueindex(1)) != (lua_Number) r->seq) {
+        return luaL_error(l, "ctx:set: this ctx is an earlier request's (kept from its on_log): "
+                          "only the ctx on_log is given may be set");
+    }
     e = &r->log;
     name = luaL_checklstring(l, 2, &nlen);
     for (p = name; *p && (isalnum((unsigned char) *p) || strchr("_.-", *p)); p++) {
@@ -723,8 +730,9 @@ l_ctx_set(lua_State *l)
     switch (lua_type(l, 3)) {
     case LUA_TSTRING:
         text = lua_tolstring(l, 3, &len);
-        if (len > 256) {
-            return luaL_error(l, "ctx:set: a string value is at most 256 bytes");
+        if (len > RIC_SCRIPT_FIELD_VALUE_MAX) {
+            return luaL_error(l, "ctx:set: a string value is at most %d bytes",
+                              RIC_SCRIPT_FIELD_VALUE_MAX);
         }
         quoted = 1;
         break;
@@ -753,18 +761,30 @@ l_ctx_set(lua_State *l)
         return luaL_error(l, "ctx:set: at most %d fields", RIC_MAX_SCRIPT_FIELDS);
     }
     if (e->script_bytes + nlen + len > RIC_SCRIPT_FIELDS_BYTES) {
+        if (f != NULL) {
+            e->script_bytes += nlen + f->len; /* it stays as it was */
+        }
         return luaL_error(l, "ctx:set: the script's fields are over %d bytes",
                           RIC_SCRIPT_FIELDS_BYTES);
     }
     if (f == NULL) {
         f = &e->script[e->nscript++];
         f->name = ric_pstrndup(r->pool, name, nlen);
+        f->text = ric_palloc(r->pool, RIC_SCRIPT_FIELD_VALUE_MAX + 1);
     }
-    f->text = ric_pstrndup(r->pool, text, len);
+    memcpy(f->text, text, len);
     f->len = len;
     f->quoted = quoted;
     e->script_bytes += nlen + len;
     return 0;
+}
+
+/* Pushes on_log's ctx:set for r (l_ctx_set's upvalue names r). */
+static void
+push_ctx_set(const ric_request_t *r)
+{
+    lua_pushnumber(L, (lua_Number) r->seq);
+    lua_pushcclosure(L, l_ctx_set, 1);
 }
 
 /* --- the per-request context --------------------------------------------------- */
@@ -1220,7 +1240,7 @@ ric_script_log_cleanup(void *data)
     /* the answer's fields as the client got them (none: it never began) */
     push_fields(r->answer_fields);
     lua_setfield(L, -2, "headers");
-    lua_pushcfunction(L, l_ctx_set);
+    push_ctx_set(r);
     lua_setfield(L, -2, "set");
 
     /* no current request: req and res kept from earlier hooks change nothing now */

@@ -10,6 +10,7 @@
 #include "shared_dict.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <lauxlib.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -142,12 +143,18 @@ is_reserved(const char *name, size_t n)
 }
 
 /* A set_header's field (value NULL: removed): a token name, not a framing
- * field, a value without control bytes; else an error where the script
- * called (what: "req:set_header"). */
+ * field, a value without control bytes, the two no longer than a client's
+ * whole field section; else an error where the script called (what:
+ * "req:set_header"). The size first: nothing is scanned past the bound. */
 static void
 check_field(lua_State *L, const char *what, const char *name, size_t n, const char *value,
             size_t vn)
 {
+    if (n + vn > RIC_SCRIPT_FIELD_MAX) {
+        script_error(L, "%s: a field of %d bytes (name and value) is over the %d a client's "
+                     "field section may hold", what, (int) ric_min(n + vn, (size_t) INT32_MAX),
+                     RIC_SCRIPT_FIELD_MAX);
+    }
     if (!is_token(name, n)) {
         script_error(L, "%s: \"%s\" is not a valid field name", what, name);
     }
@@ -173,16 +180,6 @@ find_edit_in(ric_header_edit_t *list, const char *name, size_t n)
     return NULL;
 }
 
-static char *
-pool_copy(ric_request_t *r, const char *s, size_t n)
-{
-    char *p = ric_palloc(r->pool, n + 1);
-
-    memcpy(p, s, n);
-    p[n] = '\0';
-    return p;
-}
-
 static ric_header_edit_t *
 find_edit(ric_request_t *r, const char *name, size_t n)
 {
@@ -190,22 +187,52 @@ find_edit(ric_request_t *r, const char *name, size_t n)
 }
 
 /* Sets (value non-NULL) or removes a field in *list: as it goes upstream
- * (r->edits) or to the client (r->res_edits). */
+ * (r->edits) or to the client (r->res_edits). What goes into the pool is
+ * counted against RIC_SCRIPT_EDITS_MAX for the whole request: a new name,
+ * and a value longer than any its name had (a shorter one is copied over
+ * the longest's room), so a loop of set_header cannot grow the pool. */
 static void
-edit_in(ric_request_t *r, ric_header_edit_t **list, const char *name, size_t nlen,
-        const char *value, size_t vlen)
+edit_in(lua_State *L, const char *what, ric_request_t *r, ric_header_edit_t **list,
+        const char *name, size_t nlen, const char *value, size_t vlen)
 {
-    ric_header_edit_t *e = find_edit_in(*list, name, nlen);
+    ric_header_edit_t *e = find_edit_in(*list, name, nlen), **last;
+    size_t cost = e == NULL ? nlen : 0, names = 0;
 
+    if (value != NULL && (e == NULL || vlen > e->room_size)) {
+        cost += vlen;
+    }
+    if (r->script_copied + cost > RIC_SCRIPT_EDITS_MAX) {
+        script_error(L, "%s: the request's set_header calls would copy more than the %d bytes "
+                     "they may (each new name, and each value longer than its name had)", what,
+                     RIC_SCRIPT_EDITS_MAX);
+    }
     if (e == NULL) {
+        for (last = list; *last != NULL; last = &(*last)->next) {
+            names++;
+        }
+        if (names == RIC_SCRIPT_EDITS_NAMES) {
+            script_error(L, "%s: a request's script sets or removes at most %d fields", what,
+                         RIC_SCRIPT_EDITS_NAMES);
+        }
         e = ric_pcalloc(r->pool, sizeof(*e));
-        e->name.data = (const u_char *) pool_copy(r, name, nlen);
+        e->name.data = (const u_char *) ric_pstrndup(r->pool, name, nlen);
         e->name.len = nlen;
         e->next = *list;
         *list = e;
     }
-    e->value.data = value ? (const u_char *) pool_copy(r, value, vlen) : NULL;
-    e->value.len = value ? vlen : 0;
+    r->script_copied += cost;
+    if (value == NULL) {
+        e->value = (ric_str_t) ric_null_string;
+        return;
+    }
+    if (e->room == NULL || vlen > e->room_size) {
+        e->room = ric_palloc(r->pool, vlen + 1);
+        e->room_size = vlen;
+    }
+    memcpy(e->room, value, vlen);
+    e->room[vlen] = '\0';
+    e->value.data = e->room;
+    e->value.len = vlen;
 }
 
 /* --- req -------------------------------------------------------------------- */
@@ -282,7 +309,7 @@ req_set_header(lua_State *L)
                                                       strlen(key_header) };
 
     check_field(L, "req:set_header", name, n, value, vn);
-    edit_in(r, &r->edits, name, n, value, vn);
+    edit_in(L, "req:set_header", r, &r->edits, name, n, value, vn);
     if (ric_str_eq_nocase(a, b)) {
         /* the key field is the key: replay safety follows what is sent */
         r->script_key = value != NULL ? (const char *) find_edit(r, name, n)->value.data : NULL;
@@ -331,7 +358,7 @@ req_set_idempotency_key(lua_State *L)
     if (n == 0 || n > 255 || !is_value(key, n)) {
         return script_error(L, "req:set_idempotency_key: a key is 1 to 255 printable characters");
     }
-    edit_in(r, &r->edits, header, strlen(header), key, n);
+    edit_in(L, "req:set_idempotency_key", r, &r->edits, header, strlen(header), key, n);
     r->script_key = (const char *) find_edit(r, header, strlen(header))->value.data;
     r->script_key_removed = 0;
     return 0;
@@ -357,16 +384,27 @@ req_idempotency_key(lua_State *L)
 
 #define RESPOND_MAX_BODY (1 << 20)
 
+static void
+free_answer(void *data)
+{
+    ric_request_t *r = data;
+
+    ric_pool_released += r->script_answer.size; /* a large one may leave a hole */
+    ric_buf_free(&r->script_answer);
+}
+
 /* req:respond(status, {name, value, ...}, body): checked by api.lua for
- * types; here for what HTTP allows. */
+ * types; here for what HTTP allows. The fields and the body go into one
+ * buffer of the request's, which a later call reuses: however often a
+ * script answers, the request holds its last answer only. */
 static int
 req_respond(lua_State *L)
 {
     ric_request_t *r = changing(L, "req:respond");
     int status = (int) luaL_checkinteger(L, 1), i, n;
-    size_t nlen, vlen, blen;
+    size_t nlen, vlen, blen, fields = 0, head;
     const char *name, *value, *body;
-    ric_buf_t h = { NULL, 0, 0 };
+    ric_buf_t *h = &r->script_answer;
     int typed = 0;
 
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -382,12 +420,23 @@ req_respond(lua_State *L)
                           (int) ric_min(blen, (size_t) INT32_MAX), RESPOND_MAX_BODY);
     }
     n = (int) lua_objlen(L, 2);
-    /* checked whole first: an error leaves nothing allocated behind */
+    if (n / 2 > RIC_SCRIPT_EDITS_NAMES) {
+        return script_error(L, "req:respond: at most %d fields", RIC_SCRIPT_EDITS_NAMES);
+    }
+    /* checked whole first: an error leaves the answer as it was */
     for (i = 1; i + 1 <= n; i += 2) {
         lua_rawgeti(L, 2, i);
         lua_rawgeti(L, 2, i + 1);
         name = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &nlen) : NULL;
         value = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &vlen) : NULL;
+        if (name != NULL && value != NULL) {
+            fields += nlen + vlen;
+            if (fields > RIC_SCRIPT_FIELD_MAX) {
+                return script_error(L, "req:respond: the fields are over the %d bytes (names and "
+                                    "values) a client's field section may hold",
+                                    RIC_SCRIPT_FIELD_MAX);
+            }
+        }
         if (name == NULL || value == NULL || !is_token(name, nlen) || !is_value(value, vlen)) {
             return script_error(L, "req:respond: \"%s\" is not a valid header",
                               name ? name : "(not a string)");
@@ -398,27 +447,33 @@ req_respond(lua_State *L)
         }
         lua_pop(L, 2);
     }
+    if (h->data == NULL) {
+        ric_request_cleanup_add(r, free_answer, r); /* the first answer of the request */
+    }
+    h->len = 0;
     for (i = 1; i + 1 <= n; i += 2) {
         lua_rawgeti(L, 2, i);
         lua_rawgeti(L, 2, i + 1);
         name = lua_tolstring(L, -2, &nlen);
         value = lua_tolstring(L, -1, &vlen);
         typed |= nlen == 12 && strncasecmp(name, "content-type", 12) == 0;
-        ric_buf_put(&h, name, nlen);
-        ric_buf_puts(&h, ": ");
-        ric_buf_put(&h, value, vlen);
-        ric_buf_puts(&h, "\r\n");
+        ric_buf_put(h, name, nlen);
+        ric_buf_puts(h, ": ");
+        ric_buf_put(h, value, vlen);
+        ric_buf_puts(h, "\r\n");
         lua_pop(L, 2);
     }
     if (!typed && status != 204 && status != 304) {
-        ric_buf_puts(&h, "Content-Type: text/plain\r\n");
+        ric_buf_puts(h, "Content-Type: text/plain\r\n");
     }
+    head = h->len;
+    ric_buf_put(h, body, blen);
+    ric_buf_put(h, "", 1); /* data is never NULL after the first call (an empty answer too) */
     r->script_status = status;
-    r->own_fields.data = (const u_char *) (h.len ? pool_copy(r, (char *) h.data, h.len) : "");
-    r->own_fields.len = h.len;
-    r->own_body.data = (const u_char *) pool_copy(r, body, blen);
+    r->own_fields.data = h->data;
+    r->own_fields.len = head;
+    r->own_body.data = h->data + head;
     r->own_body.len = blen;
-    ric_buf_free(&h);
     return 0;
 }
 
@@ -459,7 +514,7 @@ res_set_header(lua_State *L)
         return script_error(L, "res:set_header can only be called in on_response");
     }
     check_field(L, "res:set_header", name, n, value, vn);
-    edit_in(r, &r->res_edits, name, n, value, vn);
+    edit_in(L, "res:set_header", r, &r->res_edits, name, n, value, vn);
     return 0;
 }
 
@@ -552,6 +607,12 @@ shared_check(lua_State *L)
 
     ric_shared_dict_find(name, n, &known);
     if (!known) {
+        /* a main chunk at config time: its lua_shared_dict may come later */
+        luaL_where(L, 2);
+        known = ric_shared_dict_ask(name, n, lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+    if (!known) {
         return script_error(L, "ricochet.shared: no lua_shared_dict \"%s\" (declare it at http "
                             "level: lua_shared_dict %s 1m;)", name, name);
     }
@@ -615,10 +676,12 @@ shared_set(lua_State *L)
         return script_error(L, "a shared value is a string, a number or a boolean, not a %s",
                             luaL_typename(L, 3));
     }
-    if (!(ttl >= 0) || ttl > 1e9) {
-        return script_error(L, "a shared value's ttl is a number of seconds, 0 for none");
+    if (!(ttl >= 0) || ttl > 1e9) { /* api.lua said so first; here for the binding alone */
+        return script_error(L, "a shared value's ttl is a number of seconds from 0 to 1e9 (0 or "
+                            "none: for ever)");
     }
-    if (ric_shared_dict_set(d, key, kn, &v, (int64_t) (ttl * 1000), &why) != RIC_OK) {
+    /* whole milliseconds, up: a ttl under 1 ms is 1 ms, not for ever */
+    if (ric_shared_dict_set(d, key, kn, &v, (int64_t) ceil(ttl * 1000), &why) != RIC_OK) {
         return script_error(L, "ricochet.shared: %s", why);
     }
     return 0;

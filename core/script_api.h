@@ -3,8 +3,19 @@
 #define RIC_SCRIPT_API_H
 
 #include "ric_core.h"
+#include "http_parse.h"
 
 #include <lua.h>
+
+/* What a script may make the gateway copy for one request, outside its
+ * Lua state's script_memory_max: a field it sets (name and value), and
+ * req:respond's fields together, no longer than a client's whole field
+ * section; at most as many names as a client may send, in each of the
+ * request's and the answer's edits; its set_header calls copying at most
+ * RIC_SCRIPT_EDITS_MAX into the request's pool in all. */
+#define RIC_SCRIPT_FIELD_MAX RIC_HTTP_MAX_HEADER_BYTES
+#define RIC_SCRIPT_EDITS_NAMES RIC_HTTP_MAX_FIELDS
+#define RIC_SCRIPT_EDITS_MAX (64 * 1024)
 
 /* The hook being run, set by script.c around each call: the binding acts
  * only on its request, so a req or res kept and used later is an error,

@@ -89,6 +89,82 @@ ric_shared_dict_declare(ric_shared_dict_conf_t *list)
     dicts = list;
 }
 
+/* The names a script's main chunk asked for while the configuration was
+ * read, before their lua_shared_dict (which may come after the script
+ * line): taken on trust then, checked when the whole http block is read. */
+#define ASKED_MAX 64
+
+static struct {
+    char name[RIC_DICT_NAME_MAX + 1];
+    char where[256]; /* the script's "FILE:LINE: " */
+} asked[ASKED_MAX];
+static int nasked, reading;
+
+void
+ric_shared_dict_begin(void)
+{
+    dicts = NULL;
+    nasked = 0;
+}
+
+void
+ric_shared_dict_reading(int on)
+{
+    reading = on;
+}
+
+static int
+asked_for(const char *name, size_t len)
+{
+    int i;
+
+    for (i = 0; i < nasked; i++) {
+        if (strlen(asked[i].name) == len && memcmp(asked[i].name, name, len) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int
+ric_shared_dict_ask(const char *name, size_t len, const char *where)
+{
+    if (!reading || len == 0 || len > RIC_DICT_NAME_MAX || memchr(name, '\0', len) != NULL) {
+        return 0;
+    }
+    if (asked_for(name, len)) {
+        return 1;
+    }
+    if (nasked == ASKED_MAX) {
+        return 0;
+    }
+    memcpy(asked[nasked].name, name, len);
+    asked[nasked].name[len] = '\0';
+    snprintf(asked[nasked].where, sizeof(asked[nasked].where), "%s", where);
+    nasked++;
+    return 1;
+}
+
+int
+ric_shared_dict_resolve(char *err, size_t errlen)
+{
+    int i, known;
+
+    reading = 0; /* the declared names alone */
+    for (i = 0; i < nasked; i++) {
+        ric_shared_dict_find(asked[i].name, strlen(asked[i].name), &known);
+        if (!known) {
+            snprintf(err, errlen, "%sricochet.shared: no lua_shared_dict \"%s\" (declare it at "
+                     "http level: lua_shared_dict %s 1m;)", asked[i].where, asked[i].name,
+                     asked[i].name);
+            nasked = 0;
+            return RIC_ERROR;
+        }
+    }
+    nasked = 0;
+    return RIC_OK;
+}
+
 struct ric_dict_s *
 ric_shared_dict_find(const char *name, size_t len, int *known)
 {
@@ -100,7 +176,7 @@ ric_shared_dict_find(const char *name, size_t len, int *known)
             return c->dict;
         }
     }
-    *known = 0;
+    *known = reading && asked_for(name, len);
     return NULL;
 }
 

@@ -7,6 +7,7 @@
 #define RIC_DICT_KEY_MAX 64     /* bytes of a key */
 #define RIC_DICT_VALUE_MAX 224  /* bytes of a string value */
 #define RIC_DICT_MIN_SIZE (8 << 10)
+#define RIC_DICT_NAME_MAX 64    /* bytes of a dictionary's name */
 
 /* One `lua_shared_dict NAME SIZE;` (http level). */
 typedef struct ric_shared_dict_conf_s ric_shared_dict_conf_t;
@@ -48,9 +49,27 @@ int ric_shared_dict_share(struct ric_conf_s *conf, struct ric_shm_s *zone, char 
  * is read: a script loaded after it may name it). */
 void ric_shared_dict_declare(ric_shared_dict_conf_t *list);
 
+/* A configuration's http block begins: nothing is declared yet. */
+void ric_shared_dict_begin(void);
+
+/* A script's main chunk runs while the configuration is read (on: 1) or
+ * it is over (0): meanwhile a name not declared yet may be asked for. */
+void ric_shared_dict_reading(int on);
+
+/* A main chunk asks for name, not declared so far, at where (its
+ * "FILE:LINE: "): 1 when the configuration is being read, and the name
+ * is then known (without an entry) until ric_shared_dict_resolve; 0 when
+ * it is not (or the name can never be declared). */
+int ric_shared_dict_ask(const char *name, size_t len, const char *where);
+
+/* The configuration is read: every name asked for must be declared by
+ * now. RIC_OK, or RIC_ERROR with the script's FILE:LINE and reason in err. */
+int ric_shared_dict_resolve(char *err, size_t errlen);
+
 /* The dictionary called name in the current configuration, or NULL; *known
  * says whether the name is declared at all (a declared one may have no
- * entry yet: a main chunk run before the zone exists). */
+ * entry yet: a main chunk run before the zone exists), or asked for while
+ * the configuration is read (ric_shared_dict_ask). */
 struct ric_dict_s *ric_shared_dict_find(const char *name, size_t len, int *known);
 
 /* get: *out (a string is copied into buf, RIC_DICT_VALUE_MAX bytes). A key

@@ -133,6 +133,16 @@ find_edit(const ric_header_edit_t *e, ric_str_t name)
     return NULL;
 }
 
+/* The fields the gateway writes on every attempt with values of its own
+ * (the client's deadline, the attempt's number): a client's, the
+ * config's or a script's goes unsent, so the upstream reads one of each. */
+static int
+gateways(const ric_http_refs_t *refs, ric_str_t name)
+{
+    return name_is(name, refs->client_deadline_header)
+           || name_is(name, refs->retry_attempt_header);
+}
+
 /* Whether the config or a script sets the field itself. */
 static int
 replaced(ric_request_t *r, const char *name)
@@ -180,8 +190,7 @@ skipped(void *ctx, ric_str_t name)
         || ric_str_eq_lower(name, "transfer-encoding") || ric_str_eq_lower(name, "expect")
         || ric_str_eq_lower(name, "content-length")
         || find_set_header(refs->headers, name) != NULL || find_edit(r->edits, name) != NULL
-        || name_is(name, refs->client_deadline_header)
-        || name_is(name, refs->retry_attempt_header)) {
+        || gateways(refs, name)) {
         return 1;
     }
     if (!r->settings->underscores_in_headers && memchr(name.data, '_', name.len) != NULL) {
@@ -236,8 +245,9 @@ ric_upstream_request_build(ric_request_t *r, int attempt, ric_buf_t *b)
                                             : "X-Forwarded-Proto: http\r\n");
     }
     for (h = refs->headers; h; h = h->next) {
-        if (find_edit(r->edits, (ric_str_t) { (const u_char *) h->name, strlen(h->name) })) {
-            continue; /* the script's word is the last */
+        ric_str_t name = { (const u_char *) h->name, strlen(h->name) };
+        if (find_edit(r->edits, name) || gateways(refs, name)) {
+            continue; /* the script's word is the last; the gateway's own is its */
         }
         mark = b->len;
         ric_buf_puts(b, h->name);
@@ -251,7 +261,7 @@ ric_upstream_request_build(ric_request_t *r, int attempt, ric_buf_t *b)
         ric_buf_puts(b, "\r\n");
     }
     for (e = r->edits; e; e = e->next) {
-        if (e->value.data != NULL) {
+        if (e->value.data != NULL && !gateways(refs, e->name)) {
             ric_buf_put(b, e->name.data, e->name.len);
             ric_buf_puts(b, ": ");
             ric_buf_put(b, e->value.data, e->value.len);

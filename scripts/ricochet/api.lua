@@ -12,7 +12,8 @@
 --   B.res_set_header(name, value|nil)   (on_response only)
 --   B.res_retry_after()                 -> seconds | nil
 --   B.res_body()                        -> string | nil
---   B.shared_check(name), B.shared_get(name, key), B.shared_set(name, key, value|nil, ttl),
+--   B.shared_check(name), B.shared_get(name, key), B.shared_set(name, key, value|nil, ttl|nil)
+--                                         (ttl checked here: a number of seconds, 0 to 1e9),
 --   B.shared_incr(name, key, n, init) -> number | nil, "not found"
 --   B.uuid(), B.sha256(s), B.hmac_sha256(key, s), B.now(), B.log(level, message)
 -- and the gateway fills the fields (req.method, res.status, attempt.number...) before each call.
@@ -161,11 +162,18 @@ return function(B)
             error("req:respond's headers must be a table of name = value", 2)
         end
         if body ~= nil then check_string(body, "req:respond's body", 2) end
-        local list = {}
+        local list, seen = {}, {}
         for name, value in pairs(headers or {}) do
             check_string(name, "a req:respond header name", 2)
             if type(value) == "number" then value = tostring(value) end
             check_string(value, "a req:respond header value", 2)
+            -- names are case-insensitive, and which of two spellings pairs gives last is not defined
+            local other = seen[name:lower()]
+            if other then
+                error(("req:respond: %s and %s are one field (names are case-insensitive): give it "
+                    .. "once"):format(other, name), 2)
+            end
+            seen[name:lower()] = name
             list[#list + 1] = name
             list[#list + 1] = value
         end
@@ -240,6 +248,12 @@ return function(B)
             end,
             set = function(self, key, value, ttl)
                 check_string(key, "a shared key", 2)
+                -- one rule here for the gateway and the kit: none or 0 is for ever; under 1 ms is 1 ms
+                if ttl ~= nil and (type(ttl) ~= "number" or ttl ~= ttl or ttl < 0 or ttl > 1e9) then
+                    error(("a shared value's ttl is a number of seconds from 0 to 1e9 (0 or none: "
+                        .. "for ever), not %s"):format(type(ttl) == "number" and tostring(ttl)
+                        or "a " .. type(ttl)), 2)
+                end
                 B.shared_set(name, key, value, ttl)
             end,
             incr = function(self, key, n, init)

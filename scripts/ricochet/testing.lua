@@ -278,8 +278,18 @@ function kit.retry_after_ms(v, now)
     return (t - now) * 1000
 end
 
--- A set_header's field, as the gateway checks it: a token name, not a framing field, no control bytes.
+-- What a script may make the gateway copy (core/script_api.h): a field (name and value), and req:respond's
+-- fields together, at most a client's field section; 100 names in a request's edits (and in its answer's);
+-- a request's set_header calls copying 64 KiB in all.
+local FIELD_MAX, EDITS_NAMES, EDITS_MAX = 32768, 100, 65536
+
+-- A set_header's field, as the gateway checks it: its size, a token name, not a framing field, no control
+-- bytes.
 local function check_field(what, name, value)
+    if #name + #(value or "") > FIELD_MAX then
+        error(("%s: a field of %d bytes (name and value) is over the %d a client's field section may hold")
+            :format(what, #name + #(value or ""), FIELD_MAX), 4)
+    end
     if not name:match("^[!#$%%&'*+%-.^_`|~%w]+$") then
         error(('%s: "%s" is not a valid field name'):format(what, name), 4)
     end
@@ -287,6 +297,33 @@ local function check_field(what, name, value)
     if value and value:find("[%z\1-\8\10-\31\127]") then
         error(("%s: the value of %s has control characters"):format(what, name), 4)
     end
+end
+
+-- What the current request's set_header calls copied (the gateway's one count for its req and res edits).
+local copied = 0
+
+-- Sets (value) or removes (false) a field in edits as the gateway's edit_in: a new name costs its length, a
+-- value longer than any its name had costs its length (rooms[name] is that longest).
+local function edit(what, edits, rooms, name, value)
+    local n = name:lower()
+    local new = edits[n] == nil
+    local cost = new and #name or 0
+    if value and (new or #value > rooms[n]) then cost = cost + #value end
+    if copied + cost > EDITS_MAX then
+        error(("%s: the request's set_header calls would copy more than the %d bytes they may (each new "
+            .. "name, and each value longer than its name had)"):format(what, EDITS_MAX), 4)
+    end
+    if new then
+        local names = 0
+        for _ in pairs(edits) do names = names + 1 end
+        if names == EDITS_NAMES then
+            error(("%s: a request's script sets or removes at most %d fields"):format(what, EDITS_NAMES), 4)
+        end
+        rooms[n] = 0
+    end
+    copied = copied + cost
+    if value and #value > rooms[n] then rooms[n] = #value end
+    edits[n] = value or false
 end
 
 -- One binding per object: st holds what the gateway would hold for that request or response.
@@ -300,7 +337,7 @@ local function binding(st)
     function B.req_set_header(name, value)
         in_on_request("req:set_header")
         check_field("req:set_header", name, value)
-        st.edits[name:lower()] = value or false
+        edit("req:set_header", st.edits, st.rooms, name, value)
         if name:lower() == st.key_header:lower() then -- the key field is the key, as in the gateway
             st.key = value
             st.key_removed = value == nil
@@ -320,9 +357,9 @@ local function binding(st)
         if #key > 255 or key:find("[%z\1-\8\10-\31\127]") then
             error("req:set_idempotency_key: a key is 1 to 255 printable characters", 3)
         end
+        edit("req:set_idempotency_key", st.edits, st.rooms, st.key_header, key)
         st.key = key
         st.key_removed = false
-        st.edits[st.key_header:lower()] = key
     end
     function B.req_idempotency_key()
         if st.key then return st.key end
@@ -331,12 +368,21 @@ local function binding(st)
     end
     function B.req_respond(status, list, body)
         in_on_request("req:respond")
-        local headers = {}
+        local headers, size = {}, 0
         if (status == 204 or status == 304) and #body > 0 then
             error(("req:respond: a %d has no body"):format(status), 3)
         end
+        if #body > 1048576 then
+            error(("req:respond: a body of %d bytes is over the 1048576 a script may send"):format(#body), 3)
+        end
+        if #list / 2 > EDITS_NAMES then error(("req:respond: at most %d fields"):format(EDITS_NAMES), 3) end
         for i = 1, #list, 2 do
             local n = list[i]:lower()
+            size = size + #list[i] + #list[i + 1]
+            if size > FIELD_MAX then
+                error(("req:respond: the fields are over the %d bytes (names and values) a client's field "
+                    .. "section may hold"):format(FIELD_MAX), 3)
+            end
             if not list[i]:match("^[!#$%%&'*+%-.^_`|~%w]+$") or list[i + 1]:find("[%z\1-\8\10-\31\127]") then
                 error(('req:respond: "%s" is not a valid header'):format(list[i]), 3)
             end
@@ -345,7 +391,6 @@ local function binding(st)
             end
             headers[list[i]] = list[i + 1]
         end
-        if #body > 1048576 then error("req:respond: the body is over the 1 MiB a script may send", 3) end
         st.answer = { status = status, headers = headers, body = body }
     end
     function B.res_header(name) return st.headers[name:lower()] end
@@ -355,7 +400,8 @@ local function binding(st)
         end
         check_field("res:set_header", name, value)
         st.res_edits = st.res_edits or {}
-        st.res_edits[name:lower()] = value or false
+        st.res_rooms = st.res_rooms or {}
+        edit("res:set_header", st.res_edits, st.res_rooms, name, value)
     end
     function B.res_retry_after()
         local ms = kit.retry_after_ms(st.headers["retry-after"], os.time())
@@ -393,8 +439,9 @@ local function binding(st)
             error(("a shared value is a string, a number or a boolean, not a %s"):format(t), 3)
         end
         if t == "string" and #value > 224 then error("ricochet.shared: a string value is at most 224 bytes", 3) end
+        -- as the gateway: whole milliseconds, rounded up (api.lua checked ttl: nil or 0 to 1e9)
         kit.shared[name][key] = value ~= nil and { value = value,
-            expires = ttl and ttl > 0 and B.now() + ttl or nil } or nil
+            expires = ttl and ttl > 0 and B.now() + math.ceil(ttl * 1000) / 1000 or nil } or nil
     end
     function B.shared_incr(name, key, n, init)
         local e = entry(name, key)
@@ -413,7 +460,8 @@ end
 -- As in the gateway, there is one req, one res and one attempt, reused from call to call: kit.request,
 -- kit.response and kit.attempt make the object stand for a new request (a req kept from before reads the
 -- new one), so a script that keeps an object across requests misbehaves offline as it would live.
-local current = { req = { headers = {}, edits = {}, key_header = "Idempotency-Key" }, res = { headers = {} } }
+local current = { req = { headers = {}, edits = {}, rooms = {}, key_header = "Idempotency-Key" },
+    res = { headers = {} } }
 local function follows(kind) -- a state that is always the current one of its kind
     return setmetatable({}, { __index = function(_, k) return current[kind][k] end,
         __newindex = function(_, k, v) current[kind][k] = v end })
@@ -481,7 +529,8 @@ local function host_name(h)
 end
 
 -- kit.request{ method = "GET", path = "/", query = "", target = nil, host = nil, headers = { Name = "value" },
---              body = nil, key_header = "Idempotency-Key", ctx = {} } -> req, with the exact API of the gateway's
+--              body = nil, key_header = "Idempotency-Key", deadline_header = "X-Request-Timeout",
+--              attempt_header = "X-Ricochet-Attempt" (or "off"), ctx = {} } -> req, with the exact API of the gateway's
 -- req (req.ctx: the request's own table; pass the same one to kit.attempt{ ctx = req.ctx } as the gateway does).
 -- target, the request target as sent ("/a/./b?q" or "http://host/a?q"), gives path, query and (absolute-form)
 -- host as the gateway does, so give it or path and query, not both; otherwise target is path["?" query].
@@ -506,8 +555,11 @@ function kit.request(t)
         error(("kit.request: the gateway answers 400 to the path %q (%s)"):format(path, why), 2)
     end
     host = host or headers.host or ""
-    current.req = { headers = headers, edits = {}, body = t.body,
-        key_header = t.key_header or "Idempotency-Key" }
+    current.req = { headers = headers, edits = {}, rooms = {}, body = t.body,
+        key_header = t.key_header or "Idempotency-Key",
+        deadline_header = t.deadline_header or "X-Request-Timeout",
+        attempt_header = t.attempt_header or "X-Ricochet-Attempt" }
+    copied = 0
     refill(api.req_fields, { method = t.method or "GET", path = normal, query = query, target = target,
         host = host_name(host),
         ctx = t.ctx or {}, client = t.client or "127.0.0.1",
@@ -542,6 +594,9 @@ function kit.upstream(req)
     local out = {}
     for k, v in pairs(st.headers) do out[k] = v end
     for k, v in pairs(st.edits) do out[k] = v or nil end
+    -- the gateway writes these itself on every attempt: neither the client's nor the script's goes
+    out[st.deadline_header:lower()] = nil
+    if st.attempt_header ~= "off" then out[st.attempt_header:lower()] = nil end
     return out
 end
 
@@ -587,6 +642,72 @@ local function call(handler, fn, ...)
         error(results[2], 0)
     end
     return unpack(results, 2, table.maxn(results))
+end
+
+-- kit.log_ctx{ method, path, status, duration, upstream, not_retried, verdict, reason, attempts, headers, ctx }
+-- -> the ctx on_log gets, with the gateway's ctx:set (its rules, its messages); kit.log_fields(ctx) -> what
+-- ctx:set added to the request's access log line, { name = value }. As in the gateway, a ctx stands for its
+-- request only: once a newer kit.log_ctx is made, a ctx kept from before refuses :set.
+local log_gen, log_fields = 0, setmetatable({}, { __mode = "k" })
+
+local function ctx_set(gen, fields, order)
+    return function(_, name, value)
+        if running_hook ~= nil and running_hook ~= "on_log" then
+            error("ctx:set can only be called in on_log", 2)
+        end
+        if gen ~= log_gen then
+            error("ctx:set: this ctx is an earlier request's (kept from its on_log): only the ctx on_log is "
+                .. "given may be set", 2)
+        end
+        if type(name) == "number" then name = tostring(name) end
+        if type(name) ~= "string" then
+            error(("bad argument #2 to 'set' (string expected, got %s)"):format(type(name)), 2)
+        end
+        if #name == 0 or #name > 64 or name:find("[^%w_.-]") then
+            error("ctx:set: a name is 1 to 64 letters, digits, '_', '.' or '-'", 2)
+        end
+        local t, text = type(value), nil
+        if t == "string" then
+            if #value > 256 then error("ctx:set: a string value is at most 256 bytes", 2) end
+            text = value
+        elseif t == "number" then
+            if value ~= value or value == math.huge or value == -math.huge then
+                error("ctx:set: a number must be finite (JSON has no inf or nan)", 2)
+            end
+            text = ("%.14g"):format(value)
+        elseif t == "boolean" then
+            text = tostring(value)
+        else
+            error(("ctx:set: a value is a string, a number or a boolean, not a %s"):format(t), 2)
+        end
+        local old, bytes = fields[name], 0
+        if old == nil and #order == 16 then error("ctx:set: at most 16 fields", 2) end
+        for _, n in ipairs(order) do
+            if n ~= name then bytes = bytes + #n + #fields[n].text end
+        end
+        if bytes + #name + #text > 2048 then error("ctx:set: the script's fields are over 2048 bytes", 2) end
+        if old == nil then order[#order + 1] = name end
+        fields[name] = { value = value, text = text }
+    end
+end
+
+function kit.log_ctx(t)
+    t = t or {}
+    log_gen = log_gen + 1
+    local fields, order = {}, {}
+    local c = { method = t.method or "GET", path = t.path or "/", status = t.status or 200,
+        duration = t.duration or 0, upstream = t.upstream, not_retried = t.not_retried, verdict = t.verdict,
+        reason = t.reason, attempts = t.attempts or {}, headers = t.headers or {}, ctx = t.ctx or {},
+        set = ctx_set(log_gen, fields, order) }
+    log_fields[c] = fields
+    return c
+end
+
+function kit.log_fields(c)
+    local fields = assert(log_fields[c], "kit.log_fields takes a ctx made by kit.log_ctx")
+    local out = {}
+    for name, f in pairs(fields) do out[name] = f.value end
+    return out
 end
 
 -- Loads a route script as the gateway does (same sandbox, same checks; no time bound here).

@@ -1,6 +1,6 @@
 -- The route script test kit (scripts/ricochet/testing.lua): the same api.lua and sandbox the gateway runs, over
 -- a Lua binding. These specs pin the kit's objects to the gateway's documented behaviour.
-package.path = "scripts/?.lua;" .. package.path
+package.path = "scripts/?.lua;tests/lua/?.lua;" .. package.path
 local kit = require("ricochet.testing")
 
 local dir = os.tmpname()
@@ -12,6 +12,10 @@ local function write(name, text)
     f:close()
     return dir .. "/" .. name
 end
+
+-- scripts the gateway's specs run too (tests/e2e/script_api_fixes_spec.lua), expecting the same words
+local F = require("fixes_scripts")
+local TTL_SCRIPT, TTL_WANT, KEPT_SCRIPT = F.TTL_SCRIPT, F.TTL_WANT, F.KEPT_SCRIPT
 
 describe("the test kit", function()
     teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
@@ -470,5 +474,89 @@ return route
         _, ok, err = run("/sparse-cast")
         assert.is_false(ok)
         assert.matches("expected integer between 0 and 2147483647", err, 1, true)
+    end)
+
+    -- Issue 33: the kit refuses and keeps what the gateway refuses and keeps (tests/e2e/script_alloc_spec.lua
+    -- and tests/e2e/script_api_fixes_spec.lua check the same cases against the binary).
+    it("bounds what set_header and respond copy, as the gateway", function()
+        local route = kit.load(write("alloc.lua", [[
+local big, kib = ("x"):rep(40 * 1024), ("k"):rep(1024)
+local on = {}
+on["/big"] = function(req) req:set_header("X-Big", big) end
+on["/loop"] = function(req) for _ = 1, 1000 do req:set_header("X-Loop", kib) end end
+on["/names"] = function(req) for i = 1, 100 do req:set_header("X-N" .. i, kib) end end
+on["/many"] = function(req) for i = 1, 101 do req:set_header("X-M" .. i, "1") end end
+on["/respond-big"] = function(req) req:respond(200, { ["X-Big"] = big }, "") end
+on["/respond-type"] = function(req)
+    req:respond(200, { ["Content-Type"] = "text/html", ["content-type"] = "text/plain" }, "x")
+end
+return { on_request = function(req) on[req.path](req) end,
+    on_response = function(res) res:set_header("X-Big", big) end }
+]]))
+        local function refused(path, want)
+            local ok, err = pcall(route.on_request, kit.request{ path = path })
+            assert.is_false(ok, path)
+            assert.truthy(err:find(want, 1, true), err)
+        end
+        refused("/big", "alloc.lua:3: req:set_header: a field of 40965 bytes (name and value) is over the 32768 "
+            .. "a client's field section may hold")
+        refused("/names", "req:set_header: the request's set_header calls would copy more than the 65536 bytes")
+        refused("/many", "req:set_header: a request's script sets or removes at most 100 fields")
+        refused("/respond-big", "req:respond: the fields are over the 32768 bytes (names and values)")
+        refused("/respond-type", "req:respond: ")
+        refused("/respond-type", "are one field (names are case-insensitive): give it once")
+        local req = kit.request{ path = "/loop" }
+        route.on_request(req) -- a name set again copies into its room: 1,000 times is fine
+        assert.equal(("k"):rep(1024), kit.upstream(req)["x-loop"])
+        local ok, err = pcall(route.on_response, kit.response{})
+        assert.is_false(ok)
+        assert.truthy(err:find("res:set_header: a field of 40965 bytes", 1, true), err)
+    end)
+
+    it("sends the gateway's deadline and attempt fields, never a script's", function()
+        local route = kit.load(write("fields.lua", [[
+return { on_request = function(req)
+    req:set_header("X-Request-Timeout", "999999")
+    req:set_header("X-Ricochet-Attempt", "77")
+    req:set_header("X-Mine", "1")
+end }
+]]))
+        local req = kit.request{ headers = { ["X-Request-Timeout"] = "5" } }
+        route.on_request(req)
+        assert.same({ ["x-mine"] = "1" }, kit.upstream(req))
+    end)
+
+    it("takes a shared ttl of none or 0 to 1e9 seconds, whole milliseconds up, as the gateway", function()
+        local route = kit.load(write("ttl.lua", TTL_SCRIPT))
+        local function set(case)
+            local req = kit.request{ path = "/t", query = "set=" .. case }
+            route.on_request(req)
+            return kit.answer(req).headers["X-Set"]
+        end
+        for case, want in pairs(TTL_WANT) do
+            assert.equal(want, set(case), case)
+        end
+        assert.is_nil(kit.shared.ttl.none.expires)
+        assert.is_nil(kit.shared.ttl.zero.expires)
+        assert.truthy(kit.shared.ttl.tiny.expires, "a ttl under 1 ms expires (in 1 ms)")
+        assert.is_nil(kit.shared.ttl.neg)
+    end)
+
+    it("refuses ctx:set on a ctx kept from an earlier on_log, as the gateway", function()
+        local route = kit.load(write("kept.lua", KEPT_SCRIPT))
+        local first = kit.log_ctx{ path = "/keep" }
+        route.on_log(first)
+        local second = kit.log_ctx{ path = "/other" }
+        route.on_log(second)
+        assert.same({ mine = "a" }, kit.log_fields(first))
+        local got = kit.log_fields(second)
+        assert.is_nil(got.leak)
+        assert.is_true(got.kept_refused)
+        assert.equal("ctx:set: this ctx is an earlier request's (kept from its on_log): only the ctx on_log is "
+            .. "given may be set", got.kept_error)
+        -- and its own ctx still takes a name set again, within the bounds
+        for _ = 1, 1000 do second:set("k", ("s"):rep(256)) end
+        assert.has_error(function() second:set("huge", ("s"):rep(257)) end,
+            "ctx:set: a string value is at most 256 bytes")
     end)
 end)
