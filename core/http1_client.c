@@ -259,6 +259,32 @@ on_write(ric_upconn_t *uc, short what)
 
 /* --- the response ------------------------------------------------------------ */
 
+/* A chunked body relayed as it came, parsed up to buf[at]: the relay
+ * region ends before the trailer section, which the client never gets
+ * (as nginx and Envoy: RFC 9110 §6.5.1 forbids framing, routing and
+ * other fields there, and the Trailer field that announced them is
+ * dropped as hop-by-hop). Once done, the section's closing CRLF is
+ * relayed in its place (written over the section's first bytes, read
+ * and parsed; when what was held went with a relay that emptied the
+ * buffer, at its start), and the section, when last in the buffer,
+ * leaves it: what is kept or read again ends with the body. */
+static void
+drop_trailers(ric_http1_t *h, size_t at, int done, int last)
+{
+    uint32_t t = h->chunked.trailer_len; /* the section's bytes so far */
+    size_t held = ric_max(at > t ? at - t : 0, h->relay_end);
+
+    if (!done) {
+        h->relay_end = held;
+        return;
+    }
+    memcpy(h->buf + held, "\r\n", 2);
+    h->relay_end = held + 2;
+    if (last) {
+        h->buf_len = h->relay_end;
+    }
+}
+
 /* Runs the framing over buf[from, buf_len): extends the relay region and
  * notes the end of the response. RIC_ERROR on broken framing. */
 static int
@@ -307,12 +333,16 @@ scan_body(ric_http1_t *h, size_t from)
     if (rc == RIC_ERROR) {
         return RIC_ERROR;
     }
-    h->relay_end = h->dechunk ? w : (size_t) (pos - h->buf);
     if (rc == RIC_DONE) {
         h->done = 1;
         if (pos < end) {
             h->reusable = 0;
         }
+    }
+    if (h->dechunk) {
+        h->relay_end = w; /* the trailers go with the framing */
+    } else {
+        drop_trailers(h, (size_t) (pos - h->buf), rc == RIC_DONE, pos == end);
     }
     return RIC_OK;
 }
