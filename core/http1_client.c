@@ -223,12 +223,74 @@ connected(ric_http1_t *h)
     handshake_step(h);
 }
 
+static void on_read(ric_upconn_t *uc, short what);
+
+/* A read of a TLS upstream that must write first (the answer to its
+ * KeyUpdate, which OpenSSL sends with the next write, once that write met
+ * a full send buffer; or a renegotiation it asked for): the socket may
+ * stay readable while nothing can be read, and a read event would wake
+ * the worker in a loop. Reading waits for writability instead, as the
+ * handshake does (a send waiting already keeps its timer, else
+ * proxy_read_timeout's), and on_write resumes it. */
+static void
+read_wait_write(ric_http1_t *h)
+{
+    ric_upconn_t *uc = h->uc;
+
+    h->read_wants_write = 1;
+    ric_upconn_reading(uc, 0, 0);
+    if (!event_pending(&uc->wev, EV_WRITE, NULL)) {
+        ric_upconn_want_write(uc, h->read_timeout);
+    }
+}
+
+/* Every read of the response into buf (n bytes at most). */
+static ssize_t
+read_some(ric_http1_t *h, size_t n)
+{
+    ssize_t r = ric_io_read(&h->uc->io, h->buf + h->buf_len, n);
+
+    if (r == RIC_AGAIN && h->uc->io.want == RIC_IO_WANT_WRITE) {
+        read_wait_write(h);
+    }
+    return r;
+}
+
+/* The write event while a read waited for it: reading goes on as it was
+ * armed and is tried at once (what OpenSSL took in before, no readable
+ * event announces), or its timeout is the read's. 1 when the event was
+ * the read's alone; 0 when a send waited on it too. */
+static int
+read_resume(ric_http1_t *h, short what)
+{
+    int sending = h->state == RIC_HTTP1_SENDING && h->send_blocked;
+
+    h->read_wants_write = 0;
+    if (what & EV_TIMEOUT) {
+        if (sending) {
+            return 0; /* the send's timer: proxy_send_timeout */
+        }
+        on_read(h->uc, EV_TIMEOUT);
+        return 1;
+    }
+    if (!h->reading_paused) {
+        /* SENDING reads without a timer until an answer begins (read_head) */
+        ric_upconn_read_timeout(h->uc, h->state == RIC_HTTP1_SENDING && h->buf_len == 0
+                                           ? 0 : h->read_timeout);
+        event_active(&h->uc->rev, EV_READ, 0);
+    }
+    return !sending;
+}
+
 static void
 on_write(ric_upconn_t *uc, short what)
 {
     ric_http1_t *h = uc->owner;
     int err;
 
+    if (h->read_wants_write && read_resume(h, what)) {
+        return;
+    }
     if (h->state == RIC_HTTP1_CONNECTING) {
         if (what & EV_TIMEOUT) {
             h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
@@ -369,9 +431,8 @@ read_head(ric_http1_t *h)
 
     /* a head and a small body in one read; of a larger body, the rest is
      * left in the socket to be spliced (ric_http1_splice) */
-    n = ric_io_read(&uc->io, h->buf + h->buf_len,
-                    h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io)
-                        ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io)
+                         ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == 0) {
         h->handler->failed(h, RIC_CLASS_RESET, 0,
                            "upstream closed the connection before a complete response head");
@@ -537,7 +598,7 @@ read_body(ric_http1_t *h)
         ric_http1_pause(h);
         return;
     }
-    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }
@@ -619,7 +680,7 @@ read_drain(ric_http1_t *h)
     size_t from = h->buf_len;
     ssize_t n;
 
-    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }
@@ -682,7 +743,7 @@ read_peek(ric_http1_t *h)
     size_t from = h->buf_len;
     ssize_t n;
 
-    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }
