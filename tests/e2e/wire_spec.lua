@@ -8,7 +8,7 @@ local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
-    retries off;
+    retry_budget off;
     upstream backend {
         server {{UPSTREAM}};
         keepalive 8;
@@ -16,6 +16,12 @@ http {
     server {
         listen 127.0.0.1:{{PORT}};
         location / {
+            retries off;
+            proxy_pass http://backend;
+        }
+        location /retry/ {
+            retry_attempts 2;
+            retry_backoff 10ms 10ms jitter=none adaptive=off;
             proxy_pass http://backend;
         }
     }
@@ -148,6 +154,17 @@ describe("what the client gets back", function()
         local hits = up:hits()
         assert.equal(2, #hits)
         assert.equal(hits[1].conn, hits[2].conn)
+    end)
+
+    it("drops the trailers of an answer kept for a retry and given at the end", function()
+        local raw = "HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nTrailer: X-A\r\n\r\n" .. BODY
+            .. "0\r\nX-A: 1\r\nContent-Length: 5\r\n\r\n"
+        up:program({ sequence = { { raw = raw }, { reset = "before_head" } } })
+        local head, rest = get(gw.port, "/retry/kept")
+        assert.truthy(head:find("^HTTP/1.1 503 "), head .. rest .. log())
+        assert.equal(2, #up:hits())
+        assert.same({}, fields(head, "Trailer"), head)
+        assert.equal(BODY .. "0\r\n\r\n", rest)
     end)
 
     it("gives an HTTP/1.0 client the body decoded, without trailers, ended by the close", function()
