@@ -223,8 +223,6 @@ connected(ric_http1_t *h)
     handshake_step(h);
 }
 
-static void on_read(ric_upconn_t *uc, short what);
-
 /* A read of a TLS upstream that must write first (the answer to its
  * KeyUpdate, which OpenSSL sends with the next write, once that write met
  * a full send buffer; or a renegotiation it asked for): the socket may
