@@ -345,11 +345,62 @@ arm_read(ric_conn_t *c, int64_t deadline)
 }
 
 /* Every wait for the client's bytes (the I/O layer reads at once what TLS
- * already took off the socket). */
+ * already took off the socket). None while a TLS read must write first:
+ * the socket taking bytes resumes reading (on_write). */
 static void
 wait_read(ric_conn_t *c, const struct timeval *tv)
 {
-    ric_io_arm(&c->io, c->rev, tv);
+    if (!c->read_wants_write) {
+        ric_io_arm(&c->io, c->rev, tv);
+    }
+}
+
+/* A TLS read that must write before it reads on (a TLS 1.3 KeyUpdate's
+ * answer, which OpenSSL sends before anything else, into a full send
+ * buffer): the socket may stay readable while nothing can be read, and a
+ * read event would wake the worker in a loop. Reading stops until the
+ * socket takes bytes, as during the handshake; a client that takes
+ * nothing for send_timeout is gone. */
+static void
+read_wait_write(ric_conn_t *c)
+{
+    struct timeval tv;
+
+    c->read_wants_write = 1;
+    event_del(c->rev);
+    if (!event_pending(c->wev, EV_WRITE, NULL)) {
+        tv = ric_ms_to_tv(c->settings->send_timeout); /* an answer's write keeps its own */
+        event_add(c->wev, &tv);
+    }
+}
+
+/* The socket took bytes after a read had to write first: the read waits
+ * as its state has it again, and is tried at once (what OpenSSL took in
+ * before, no readable event announces). */
+static void
+read_resume(ric_conn_t *c)
+{
+    c->read_wants_write = 0;
+    switch (c->state) {
+    case RIC_CONN_LINGER:
+        arm_read(c, ric_min(c->read_deadline, ric_now_ms() + LINGER_TIMEOUT_MS));
+        break;
+    case RIC_CONN_REQUEST:
+        if (c->body_reading && c->body_paused) {
+            return; /* the request resumes it when it has room */
+        }
+        if (c->body_reading && !c->body_discard) {
+            arm_read(c, c->read_deadline);
+        } else {
+            read_without_timeout(c);
+        }
+        break;
+    default:
+        /* a head: conn_run arms its wait, with its timer, when the read is done */
+        event_add(c->rev, NULL);
+        break;
+    }
+    event_active(c->rev, EV_READ, 0);
 }
 
 /* Gives the buffer room to read into; RIC_ERROR when the head is at its limit. */
@@ -381,6 +432,9 @@ read_some(ric_conn_t *c)
         return RIC_AGAIN; /* the parser reports the limit; never read past it */
     }
     n = ric_io_read(&c->io, c->in + c->in_len, c->in_size - c->in_len);
+    if (n == RIC_AGAIN && c->io.want == RIC_IO_WANT_WRITE) {
+        read_wait_write(c);
+    }
     if (n == RIC_ERROR && errno != ECONNRESET) {
         ric_log_error(RIC_LOG_INFO, errno, "reading from the client failed, client: %s", c->peer);
     }
@@ -1015,6 +1069,10 @@ on_linger_read(ric_conn_t *c, short what)
         ric_conn_close(c);
         return;
     }
+    if (n == RIC_AGAIN && c->io.want == RIC_IO_WANT_WRITE) {
+        read_wait_write(c);
+        return;
+    }
     arm_read(c, ric_min(c->read_deadline, ric_now_ms() + LINGER_TIMEOUT_MS));
 }
 
@@ -1140,6 +1198,13 @@ on_write(evutil_socket_t fd, short what, void *arg)
         } else {
             c->set->handler->writable(c->r);
         }
+    } else if (c->read_wants_write && (what & EV_TIMEOUT)) {
+        ric_log_error(RIC_LOG_INFO, 0, "client timed out (send_timeout) while TLS had to write "
+                      "to it before reading on, client: %s", c->peer);
+        ric_conn_close(c);
+    }
+    if (c->read_wants_write && !c->closed && !(what & EV_TIMEOUT)) {
+        read_resume(c);
     }
     c->running--;
     conn_run(c);

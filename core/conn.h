@@ -111,6 +111,7 @@ struct ric_conn_s {
     int body_error;         /* the status a broken body gets */
     int continue_sent;
     int interim_pending; /* the rest of a 100 Continue waits for the socket */
+    int read_wants_write; /* TLS: a read must write first: reading waits for writability */
 
     ric_request_t *r; /* the current request; NULL between requests */
     const ric_http_settings_t *settings; /* of the current request's route */

@@ -223,12 +223,72 @@ connected(ric_http1_t *h)
     handshake_step(h);
 }
 
+/* A read of a TLS upstream that must write first (the answer to its
+ * KeyUpdate, which OpenSSL sends with the next write, once that write met
+ * a full send buffer; or a renegotiation it asked for): the socket may
+ * stay readable while nothing can be read, and a read event would wake
+ * the worker in a loop. Reading waits for writability instead, as the
+ * handshake does (a send waiting already keeps its timer, else
+ * proxy_read_timeout's), and on_write resumes it. */
+static void
+read_wait_write(ric_http1_t *h)
+{
+    ric_upconn_t *uc = h->uc;
+
+    h->read_wants_write = 1;
+    ric_upconn_reading(uc, 0, 0);
+    if (!event_pending(&uc->wev, EV_WRITE, NULL)) {
+        ric_upconn_want_write(uc, h->read_timeout);
+    }
+}
+
+/* Every read of the response into buf (n bytes at most). */
+static ssize_t
+read_some(ric_http1_t *h, size_t n)
+{
+    ssize_t r = ric_io_read(&h->uc->io, h->buf + h->buf_len, n);
+
+    if (r == RIC_AGAIN && h->uc->io.want == RIC_IO_WANT_WRITE) {
+        read_wait_write(h);
+    }
+    return r;
+}
+
+/* The write event while a read waited for it: reading goes on as it was
+ * armed and is tried at once (what OpenSSL took in before, no readable
+ * event announces), or its timeout is the read's. 1 when the event was
+ * the read's alone; 0 when a send waited on it too. */
+static int
+read_resume(ric_http1_t *h, short what)
+{
+    int sending = h->state == RIC_HTTP1_SENDING && h->send_blocked;
+
+    h->read_wants_write = 0;
+    if (what & EV_TIMEOUT) {
+        if (sending) {
+            return 0; /* the send's timer: proxy_send_timeout */
+        }
+        on_read(h->uc, EV_TIMEOUT);
+        return 1;
+    }
+    if (!h->reading_paused) {
+        /* SENDING reads without a timer until an answer begins (read_head) */
+        ric_upconn_read_timeout(h->uc, h->state == RIC_HTTP1_SENDING && h->buf_len == 0
+                                           ? 0 : h->read_timeout);
+        event_active(&h->uc->rev, EV_READ, 0);
+    }
+    return !sending;
+}
+
 static void
 on_write(ric_upconn_t *uc, short what)
 {
     ric_http1_t *h = uc->owner;
     int err;
 
+    if (h->read_wants_write && read_resume(h, what)) {
+        return;
+    }
     if (h->state == RIC_HTTP1_CONNECTING) {
         if (what & EV_TIMEOUT) {
             h->handler->failed(h, RIC_CLASS_CONNECT_ERROR, 0,
@@ -258,6 +318,32 @@ on_write(ric_upconn_t *uc, short what)
 }
 
 /* --- the response ------------------------------------------------------------ */
+
+/* A chunked body relayed as it came, parsed up to buf[at]: the relay
+ * region ends before the trailer section, which the client never gets
+ * (as nginx and Envoy: RFC 9110 §6.5.1 forbids framing, routing and
+ * other fields there, and the Trailer field that announced them is
+ * dropped as hop-by-hop). Once done, the section's closing CRLF is
+ * relayed in its place (written over the section's first bytes, read
+ * and parsed; when what was held went with a relay that emptied the
+ * buffer, at its start), and the section, when last in the buffer,
+ * leaves it: what is kept or read again ends with the body. */
+static void
+drop_trailers(ric_http1_t *h, size_t at, int done, int last)
+{
+    uint32_t t = h->chunked.trailer_len; /* the section's bytes so far */
+    size_t held = ric_max(at > t ? at - t : 0, h->relay_end);
+
+    if (!done) {
+        h->relay_end = held;
+        return;
+    }
+    memcpy(h->buf + held, "\r\n", 2);
+    h->relay_end = held + 2;
+    if (last) {
+        h->buf_len = h->relay_end;
+    }
+}
 
 /* Runs the framing over buf[from, buf_len): extends the relay region and
  * notes the end of the response. RIC_ERROR on broken framing. */
@@ -307,12 +393,16 @@ scan_body(ric_http1_t *h, size_t from)
     if (rc == RIC_ERROR) {
         return RIC_ERROR;
     }
-    h->relay_end = h->dechunk ? w : (size_t) (pos - h->buf);
     if (rc == RIC_DONE) {
         h->done = 1;
         if (pos < end) {
             h->reusable = 0;
         }
+    }
+    if (h->dechunk) {
+        h->relay_end = w; /* the trailers go with the framing */
+    } else {
+        drop_trailers(h, (size_t) (pos - h->buf), rc == RIC_DONE, pos == end);
     }
     return RIC_OK;
 }
@@ -339,9 +429,8 @@ read_head(ric_http1_t *h)
 
     /* a head and a small body in one read; of a larger body, the rest is
      * left in the socket to be spliced (ric_http1_splice) */
-    n = ric_io_read(&uc->io, h->buf + h->buf_len,
-                    h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io)
-                        ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io)
+                         ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == 0) {
         h->handler->failed(h, RIC_CLASS_RESET, 0,
                            "upstream closed the connection before a complete response head");
@@ -507,7 +596,7 @@ read_body(ric_http1_t *h)
         ric_http1_pause(h);
         return;
     }
-    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }
@@ -589,7 +678,7 @@ read_drain(ric_http1_t *h)
     size_t from = h->buf_len;
     ssize_t n;
 
-    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }
@@ -652,7 +741,7 @@ read_peek(ric_http1_t *h)
     size_t from = h->buf_len;
     ssize_t n;
 
-    n = ric_io_read(&h->uc->io, h->buf + h->buf_len, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }

@@ -79,6 +79,7 @@ struct ric_http1_s {
     int done;           /* the response ended */
     int reusable;       /* the connection may carry another request */
     int reading_paused;
+    int read_wants_write; /* TLS: a read must write first: reading waits for writability */
     int early_answer;   /* answered before taking the whole request */
     size_t peek_max;    /* PEEK: body bytes wanted at most */
     ric_pipe_t *pipe;   /* BODY, spliced: the body's bytes after buf's go through it */

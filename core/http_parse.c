@@ -86,6 +86,7 @@ typedef struct {
     int te_index;          /* the first Transfer-Encoding field */
     int cl_count;          /* Content-Length fields, valid or not */
     int cl_seen;           /* a valid Content-Length value was seen */
+    int cl_values;         /* valid values seen (a list counts each) */
     uint64_t cl;
     const char *cl_error;  /* why Content-Length is unusable, or NULL */
     int conn_close;
@@ -658,7 +659,7 @@ next_element(ric_str_t list, size_t *i, ric_str_t *item)
 /* Content-Length = 1*DIGIT; a list of identical values counts as one
  * (RFC 9110 §8.6). Returns NULL or the reason the value is unusable. */
 static const char *
-parse_content_length(ric_str_t v, int *seen, uint64_t *length)
+parse_content_length(ric_str_t v, int *seen, int *count, uint64_t *length)
 {
     ric_str_t item;
     uint64_t n;
@@ -684,6 +685,7 @@ parse_content_length(ric_str_t v, int *seen, uint64_t *length)
             return "conflicting Content-Length";
         }
         *seen = 1;
+        (*count)++;
         *length = n;
     }
     return NULL;
@@ -882,7 +884,7 @@ scan_fields(ric_http_msg_t *m, const u_char *buf, head_info_t *h)
             if (ric_str_eq_lower(name, "content-length")) {
                 h->cl_count++;
                 if (h->cl_error == NULL) {
-                    error = parse_content_length(value, &h->cl_seen, &h->cl);
+                    error = parse_content_length(value, &h->cl_seen, &h->cl_values, &h->cl);
                     h->cl_error = error;
                 }
             }
@@ -1000,6 +1002,10 @@ finish_response(ric_http_msg_t *m, const u_char *buf, ric_http_method_t request_
     const char *reason;
 
     scan_fields(m, buf, &h);
+    if (h.cl_error == NULL && h.cl_values > 1) {
+        m->content_length_repeated = 1;
+        m->content_length_value = h.cl;
+    }
 
     if (request_method == RIC_HTTP_HEAD || m->status < 200 || m->status == 204
         || m->status == 304
@@ -1107,8 +1113,9 @@ hex_value(u_char ch)
  * Stricter than the grammar in two places, on purpose: no BWS anywhere in
  * the size line (chunk-ext without whitespace around ";" and "="), and a
  * chunk-size of at most 16 digits whose value fits an int64_t. Trailer
- * fields are checked like header fields and then dropped: we never forward
- * them, so nobody downstream can be told anything by them.
+ * fields are checked like header fields and then dropped: the gateway
+ * never forwards them (a body relayed chunked ends before them:
+ * http1_client.c), so nobody downstream can be told anything by them.
  */
 int
 ric_http_chunked_next(ric_http_chunked_t *c, const u_char **p, const u_char *end,

@@ -69,6 +69,11 @@ struct ric_http_msg_s {
     /* semantics derived from the fields */
     ric_http_body_t body;
     uint64_t content_length; /* when body == RIC_BODY_LENGTH */
+    /* a response's Content-Length came more than once (fields, or a list),
+     * every time with the value content_length_value (RFC 9110 §8.6
+     * allows it; a proxy sends it once) */
+    int content_length_repeated;
+    uint64_t content_length_value;
     int keep_alive;          /* after version and Connection */
     int close_asked;         /* Connection: close (a client then sends no more, RFC 9112 §9.6) */
     int expect_continue;     /* request had "Expect: 100-continue" */
@@ -129,7 +134,8 @@ struct ric_http_chunked_s {
     int state;
     uint64_t remaining; /* data bytes left in the current chunk */
     uint32_t line_len;  /* bytes of the current size line or trailer */
-    uint32_t trailer_len;
+    uint32_t trailer_len; /* bytes of the trailer section so far, its closing CRLF
+                             included once done; 0 before the last chunk */
     unsigned ndigits;
 };
 

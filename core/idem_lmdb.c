@@ -523,6 +523,46 @@ done:
     return rc;
 }
 
+/* What LMDB 0.9 takes from a meta page without a look: the page size
+ * (mm_dbs[0].md_pad), by which it divides and sizes everything (a page
+ * size of 0 stops it with SIGFPE, a small one wraps its limits). The
+ * meta pages LMDB would take (meta flag and magic) must give a power of
+ * two it can have written (512 B .. 64 KiB: MAX_PAGESIZE). 0 sound, else
+ * why holds the finding. */
+#define P_META 0x08
+#define META_MAGIC 16
+#define MDB_MAGIC_WORD 0xBEEFC0DEu
+static int
+meta_sound(const char *path, off_t file_size, char *why, size_t len)
+{
+    u_char page[META_DBS + 4];
+    uint32_t magic, psize;
+    off_t off = 0;
+    int fd, i, rc = 0;
+
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) == -1) {
+        return 0; /* LMDB's open says why */
+    }
+    for (i = 0; i < 2 && off + (off_t) sizeof(page) <= file_size; i++) {
+        if (pread(fd, page, sizeof(page), off) != (ssize_t) sizeof(page)) {
+            break;
+        }
+        memcpy(&magic, page + META_MAGIC, sizeof(magic));
+        memcpy(&psize, page + META_DBS, sizeof(psize));
+        if (!(get_half(page + 10) & P_META) || magic != MDB_MAGIC_WORD) {
+            break; /* not a meta page: LMDB refuses it itself */
+        }
+        if (psize < 512 || psize > 65536 || (psize & (psize - 1)) != 0) {
+            snprintf(why, len, "its meta page %d gives a page size of %u bytes", i, psize);
+            rc = -1;
+            break;
+        }
+        off += psize; /* where LMDB reads the second, by the first's size */
+    }
+    close(fd);
+    return rc;
+}
+
 /* The child's walk: 0 sound, else why holds the finding. */
 static int
 verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t len)
@@ -539,6 +579,9 @@ verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t 
     uint64_t need, entries = 0;
     int rc, found = 1, tries;
 
+    if (meta_sound(sc->path, file_size, why, len) != 0) {
+        goto done;
+    }
     if ((rc = mdb_env_create(&env)) != 0 || (rc = mdb_env_set_mapsize(env, (size_t) sc->map_size))
         || (rc = mdb_env_open(env, sc->path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NORDAHEAD, 0600))) {
         snprintf(why, len, "LMDB cannot open it: %s", mdb_strerror(rc));

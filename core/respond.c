@@ -85,6 +85,18 @@ own_body(const ric_request_t *r, char *buf, size_t size)
     return b;
 }
 
+static void
+content_length_field(ric_conn_t *c, uint64_t len)
+{
+    char line[64];
+    size_t n;
+
+    memcpy(line, "Content-Length: ", 16);
+    n = 16 + ric_u64_to_dec(len, (u_char *) line + 16);
+    memcpy(line + n, "\r\n", 2);
+    ric_conn_head_append(c, line, n + 2);
+}
+
 /* The gateway's own answer's fields: its Server and Date, the answer's
  * own (ric_request_own_fields), the length of its body; with
  * on_response's edits. */
@@ -93,8 +105,6 @@ own_head(ric_request_t *r, size_t body_len)
 {
     static const ric_str_t server = ric_string("Server");
     ric_conn_t *c = r->c;
-    char line[64];
-    int n;
     ric_str_t rest = ric_request_own_fields(r), name, value;
 
     if (!edited(r, server)) {
@@ -109,10 +119,7 @@ own_head(ric_request_t *r, size_t body_len)
         date(c);
     }
     if (r->status != 204 && r->status != 304) {
-        memcpy(line, "Content-Length: ", 16);
-        n = (int) (16 + ric_u64_to_dec(body_len, (u_char *) line + 16));
-        memcpy(line + n, "\r\n", 2);
-        ric_conn_head_append(c, line, (size_t) n + 2);
+        content_length_field(c, body_len);
     }
     connection(r);
 }
@@ -123,8 +130,9 @@ typedef struct {
 } upstream_fields_t;
 
 /* Of the upstream's end-to-end fields, those the client does not get:
- * a Transfer-Encoding undone (or that HTTP/1.0 cannot carry), and those
- * on_response set or removed. */
+ * a Transfer-Encoding undone (or that HTTP/1.0 cannot carry), a
+ * Content-Length that came more than once (upstream_head sends it
+ * once), and those on_response set or removed. */
 static int
 upstream_skips(void *ctx, ric_str_t name)
 {
@@ -132,6 +140,7 @@ upstream_skips(void *ctx, ric_str_t name)
     const ric_http1_t *h = &u->r->answer->client;
 
     if (((h->dechunk || u->r->msg->version == 10) && ric_str_eq_lower(name, "transfer-encoding"))
+        || (h->resp.content_length_repeated && ric_str_eq_lower(name, "content-length"))
         || edited(u->r, name)) {
         return 1;
     }
@@ -149,10 +158,14 @@ head_put(void *ctx, const void *p, size_t n)
 static void
 upstream_head(ric_request_t *r)
 {
+    static const ric_str_t content_length = ric_string("Content-Length");
     const ric_http1_t *h = &r->answer->client;
     upstream_fields_t u = { r, 0 };
 
     ric_headers_copy(h->buf, &h->resp, upstream_skips, head_put, &u);
+    if (h->resp.content_length_repeated && !edited(r, content_length)) {
+        content_length_field(r->c, h->resp.content_length_value);
+    }
     if (!(edits(r) | u.has_date)) {
         date(r->c); /* RFC 9110 §6.6.1: a proxy adds the Date an origin did not send */
     }

@@ -7,6 +7,7 @@
 --   GET  /__fault/hits[?since=N&bodies=0]   POST /__fault/reset   GET /__fault/stats
 -- R (a response) fields: status reason headers body body_hex body_size chunked chunk_size chunk_delay_ms trailers
 --   delay_ms body_delay_ms reset("before_head"|"after_head"|"mid_body") reset_delay_ms close raw raw_hex silent
+--   (raw may be a list of pieces, sent apart: body_delay_ms after the first, chunk_delay_ms between the others)
 --   echo interim([R...], 1xx sent before the final head), early (raw bytes sent as soon as the request head is
 --   read, before its body), early_hold (after early: hold the connection, never answer). A bare number is
 --   shorthand for {"status": N}.
@@ -525,6 +526,10 @@ end
 
 -- Returns head bytes and the body as a list of wire pieces.
 local function build_response(r, req, rec, closing, keepalive10)
+    if type(r.raw) == "table" then
+        -- pieces sent apart (chunk_delay_ms between them): the first as the head, the rest as the body's
+        return tostring(r.raw[1] or ""), { unpack(r.raw, 2) }
+    end
     if r.raw or r.raw_hex then
         return r.raw_hex and from_hex(r.raw_hex) or tostring(r.raw), {}
     end

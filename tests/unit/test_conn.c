@@ -1,8 +1,11 @@
-/* test_conn.c: the client connection alone, under a stand-in for the request layer: a 100 Continue the socket takes in pieces, then the body and the answer, and the connection kept for the next request. */
+/* test_conn.c: the client connection alone, under a stand-in for the request layer: a 100 Continue the socket takes in pieces, then the body and the answer, and the connection kept for the next request; a TLS client whose KeyUpdate must be answered into a full send buffer. */
 #include "../../core/conn.c"
 #include "unit.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <stdlib.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -203,6 +206,180 @@ send_all(int fd, const char *s)
     }
 }
 
+/* --- TLS: a read that must write first ----------------------------------- */
+
+static int tls_reads;     /* reads of the connection's TLS socket */
+static int tls_reads_max; /* ...past which a turn of the loop is broken off */
+static struct event_base *tls_base;
+
+/* Each read counted; a loop that reads on and on (libevent's turn does
+ * not end while an event is active) is broken off, so that the test
+ * sees the count instead of hanging. */
+static ssize_t
+counted_tls_read(ric_io_t *io, void *buf, size_t n)
+{
+    if (++tls_reads > tls_reads_max) {
+        event_base_loopbreak(tls_base);
+    }
+    return ric_io_tls.read(io, buf, n);
+}
+
+/* A server context with a throwaway self-signed certificate. */
+static SSL_CTX *
+self_signed_ctx(void)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    EVP_PKEY *key = EVP_EC_gen("P-256");
+    X509 *x = X509_new();
+
+    X509_set_version(x, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
+    X509_gmtime_adj(X509_getm_notBefore(x), -60);
+    X509_gmtime_adj(X509_getm_notAfter(x), 3600);
+    X509_set_pubkey(x, key);
+    X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN", MBSTRING_ASC,
+                               (const u_char *) "conn.test", -1, -1, 0);
+    X509_set_issuer_name(x, X509_get_subject_name(x));
+    X509_sign(x, key, EVP_sha256());
+    SSL_CTX_use_certificate(ctx, x);
+    SSL_CTX_use_PrivateKey(ctx, key);
+    X509_free(x);
+    EVP_PKEY_free(key);
+    return ctx;
+}
+
+/* The client's TLS reads, the event loop turning, until `want` came
+ * (bounded); what came is in got. */
+static int
+tls_until_read(struct event_base *base, SSL *ssl, const char *want)
+{
+    int i, n;
+
+    for (i = 0; i < 2000; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        n = SSL_read(ssl, got + got_len, (int) (sizeof(got) - 1 - got_len));
+        if (n > 0) {
+            got_len += (size_t) n;
+            got[got_len] = '\0';
+        } else if (SSL_get_error(ssl, n) != SSL_ERROR_WANT_READ) {
+            break;
+        }
+        if (strstr(got, want) != NULL) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A TLS 1.3 client asks for a KeyUpdate (whose answer must be written
+ * before anything more is read) while it reads nothing, so the socket
+ * toward it is full, and sends more than a read takes behind it: the
+ * socket stays readable while OpenSSL cannot read. The worker must wait
+ * for writability then, not wake on readability in a loop; once the
+ * client reads, the KeyUpdate is answered and what it sent is served. */
+static void
+test_tls_read_wants_write(struct event_base *base, ric_conn_set_t *set, ric_conf_t *conf)
+{
+    static ric_io_ops_t counted;
+    static const char first[] = "GET /first HTTP/1.1\r\nHost: t\r\n\r\n";
+    static const char second[] = "GET /second HTTP/1.1\r\nHost: t\r\n\r\n";
+#define ok "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    SSL_CTX *sctx = self_signed_ctx(), *cctx = SSL_CTX_new(TLS_client_method());
+    char filler[4096], err[256];
+    SSL *cssl;
+    ric_conn_t *c;
+    int sv[2], i, srv = RIC_AGAIN, cli = -1, reads_before, begun = requests_begun;
+    size_t filled = 0, drained = 0;
+    ssize_t n;
+
+    UNIT_CASE("TLS: a client's KeyUpdate answered into a full socket does not wake the worker in a loop");
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+    fcntl(sv[0], F_SETFL, O_NONBLOCK);
+    fcntl(sv[1], F_SETFL, O_NONBLOCK);
+    UNIT_CHECK_INT(ric_conn_accept(set, conf->listeners, sv[0], (struct sockaddr *) &sa,
+                                   sizeof(sa)), RIC_OK);
+    c = ric_list_first(&set->list, ric_conn_t, link);
+    UNIT_CHECK(ric_tls_accept(&c->io, sctx) == RIC_OK);
+    cssl = SSL_new(cctx);
+    SSL_set_fd(cssl, sv[1]);
+    SSL_set_connect_state(cssl);
+    for (i = 0; i < 200 && (srv == RIC_AGAIN || cli != 1); i++) {
+        if (cli != 1) {
+            cli = SSL_do_handshake(cssl);
+        }
+        if (srv == RIC_AGAIN) {
+            srv = ric_tls_handshake(&c->io, err, sizeof(err));
+        }
+    }
+    UNIT_CHECK_INT(srv, RIC_OK);
+    UNIT_CHECK_INT(cli, 1);
+    UNIT_CHECK_STR(SSL_get_version(cssl), "TLSv1.3");
+    SSL_read(cssl, got, 1); /* the session tickets taken in: nothing else comes */
+    counted = ric_io_tls;
+    counted.read = counted_tls_read;
+    tls_base = base;
+    tls_reads_max = INT_MAX;
+    c->io.ops = &counted;
+
+    /* the socket toward the client full (bytes the client will skip) */
+    memset(filler, 'f', sizeof(filler));
+    for (i = 0; i < 100000; i++) {
+        n = write(sv[0], filler, sizeof(filler));
+        if (n <= 0) {
+            break;
+        }
+        filled += (size_t) n;
+    }
+    UNIT_CHECK(filled > 0);
+
+    /* OpenSSL answers a KeyUpdate with its next write: the answer to the
+     * request behind it, which the full socket stops at the KeyUpdate */
+    UNIT_CHECK_INT(SSL_key_update(cssl, SSL_KEY_UPDATE_REQUESTED), 1);
+    UNIT_CHECK_INT(SSL_write(cssl, first, (int) strlen(first)), (int) strlen(first));
+    for (i = 0; i < 20; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    UNIT_CHECK_INT(requests_begun, begun + 1);
+    /* a pipelined request now: the socket is readable, but OpenSSL must
+     * write the KeyUpdate before it reads on */
+    UNIT_CHECK_INT(SSL_write(cssl, second, (int) strlen(second)), (int) strlen(second));
+    reads_before = tls_reads;
+    tls_reads_max = tls_reads + 1000;
+    for (i = 0; i < 200; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    /* 200 turns of the loop, a couple of reads, not one a turn (or more) */
+    UNIT_CHECK(tls_reads - reads_before <= 3);
+    tls_reads_max = INT_MAX;
+    UNIT_CHECK_INT(set->n, 1);
+
+    UNIT_CASE("...and once the client reads, the KeyUpdate goes and both requests are answered");
+    for (i = 0; i < 100000 && drained < filled; i++) {
+        n = read(sv[1], filler, ric_min(sizeof(filler), filled - drained));
+        if (n > 0) {
+            drained += (size_t) n;
+        }
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    UNIT_CHECK(drained == filled);
+    got_len = 0;
+    got[0] = '\0';
+    UNIT_CHECK(tls_until_read(base, cssl, "ok" "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"));
+    UNIT_CHECK_STR(got, ok ok);
+    UNIT_CHECK_INT(requests_begun, begun + 2);
+
+    SSL_free(cssl);
+    close(sv[1]);
+    for (i = 0; i < 200 && set->n > 0; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    UNIT_CHECK_INT(set->n, 0);
+    SSL_CTX_free(cctx);
+    SSL_CTX_free(sctx);
+#undef ok
+}
+
 int
 main(void)
 {
@@ -217,6 +394,8 @@ main(void)
     int sv[2];
     struct event_base *base = event_base_new();
 
+    /* as in the workers: a close_notify to a peer gone is EPIPE, not death */
+    signal(SIGPIPE, SIG_IGN);
     conf = unit_conf_load(text);
     if (base == NULL || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
         fprintf(stderr, "setup: %s\n", strerror(errno));
@@ -283,6 +462,8 @@ main(void)
         event_base_loop(base, EVLOOP_NONBLOCK);
     }
     UNIT_CHECK_INT(set.n, 0);
+
+    test_tls_read_wants_write(base, &set, conf);
 
     ric_conf_free(conf);
     event_base_free(base);

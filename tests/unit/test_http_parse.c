@@ -559,6 +559,36 @@ test_response_table(void)
     }
 }
 
+static void
+test_response_repeated_length(void)
+{
+    static const struct {
+        const char *in;
+        ric_http_method_t method;
+        int repeated;
+    } cases[] = {
+        { "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", RIC_HTTP_GET, 0 },
+        { "HTTP/1.1 200 OK\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n", RIC_HTTP_GET, 1 },
+        { "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n", RIC_HTTP_GET, 1 },
+        { "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", RIC_HTTP_HEAD, 1 },
+    };
+    static const char conflict[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
+    ric_http_msg_t m;
+    size_t i;
+
+    UNIT_CASE("a response's repeated Content-Length: said once, with its value");
+    for (i = 0; i < ric_nelems(cases); i++) {
+        ric_http_msg_init(&m);
+        UNIT_CHECK_INT(ric_http_parse_response(&m, (const u_char *) cases[i].in, strlen(cases[i].in),
+                                               cases[i].method), RIC_OK);
+        UNIT_CHECK_INT(m.content_length_repeated, cases[i].repeated);
+        UNIT_CHECK_INT(m.content_length_value, cases[i].repeated ? 5 : 0);
+    }
+    ric_http_msg_init(&m);
+    UNIT_CHECK_INT(ric_http_parse_response(&m, (const u_char *) conflict, strlen(conflict), RIC_HTTP_GET),
+                   RIC_ERROR);
+}
+
 /* Runs the decoder over in[0..len) as input arriving in pieces of `step`
  * bytes (0: all at once); returns the final result, collects the data. */
 static int
@@ -617,6 +647,26 @@ test_chunked_table(void)
             UNIT_CHECK_INT(consumed, t->consumed);
         }
     }
+}
+
+static void
+test_chunked_trailer_len(void)
+{
+    static const char in[] = "3\r\nabc\r\n0\r\nX-A: 1\r\n\r\n";
+    ric_http_chunked_t c;
+    const u_char *p = (const u_char *) in, *data;
+    size_t data_len;
+
+    UNIT_CASE("chunked: the trailer section's length, 0 before it, its closing CRLF in at the end");
+    ric_http_chunked_init(&c);
+    UNIT_CHECK_INT(ric_http_chunked_next(&c, &p, (const u_char *) in + 11, &data, &data_len), RIC_OK);
+    UNIT_CHECK_INT(ric_http_chunked_next(&c, &p, (const u_char *) in + 11, &data, &data_len), RIC_AGAIN);
+    UNIT_CHECK_INT(c.trailer_len, 0);
+    UNIT_CHECK_INT(ric_http_chunked_next(&c, &p, (const u_char *) in + 15, &data, &data_len), RIC_AGAIN);
+    UNIT_CHECK_INT(c.trailer_len, 4);
+    UNIT_CHECK_INT(ric_http_chunked_next(&c, &p, (const u_char *) in + sizeof(in) - 1, &data,
+                                         &data_len), RIC_DONE);
+    UNIT_CHECK_INT(c.trailer_len, 10);
 }
 
 static void
@@ -932,8 +982,10 @@ main(void)
     test_request_table();
     test_request_values();
     test_response_table();
+    test_response_repeated_length();
     test_chunked_table();
     test_chunked_sticky();
+    test_chunked_trailer_len();
     test_chunked_limits();
     test_limits();
     test_field_lookup();

@@ -284,6 +284,50 @@ test_backlog(void)
     ric_log->level = level;
 }
 
+/* A meta page whose page size LMDB would divide by (0) or wrap with: the
+ * check refuses the file with the size it found, before LMDB reads it. */
+static void
+test_verify_page_size(void)
+{
+    ric_idem_store_conf_t sc = conf_for("psize.mdb", 1 << 20);
+    char err[512], why[400];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    static const uint32_t bad[] = { 0, 16, 4095, 1 << 17 };
+    uint32_t psize, v;
+    size_t i;
+    FILE *f;
+
+    UNIT_CASE("the check refuses a meta page's page size LMDB cannot use, and says which");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    ric_idem_lmdb_close(s);
+    UNIT_CHECK_INT(ric_idem_lmdb_verify(&sc, why, sizeof(why)), RIC_OK);
+    f = fopen(sc.path, "r+b");
+    UNIT_CHECK(f != NULL && fseek(f, META_DBS, SEEK_SET) == 0
+               && fread(&psize, sizeof(psize), 1, f) == 1);
+    for (i = 0; f != NULL && i < ric_nelems(bad); i++) {
+        v = bad[i];
+        fseek(f, META_DBS, SEEK_SET);
+        fwrite(&v, sizeof(v), 1, f);
+        fflush(f);
+        UNIT_CHECK_INT(ric_idem_lmdb_verify(&sc, why, sizeof(why)), RIC_DECLINED);
+        UNIT_CHECK(strstr(why, "gives a page size of") != NULL);
+    }
+    if (f != NULL) {
+        /* the second meta page, at the first's size */
+        fseek(f, META_DBS, SEEK_SET);
+        fwrite(&psize, sizeof(psize), 1, f);
+        v = 0;
+        fseek(f, (long) psize + META_DBS, SEEK_SET);
+        fwrite(&v, sizeof(v), 1, f);
+        fclose(f);
+        UNIT_CHECK_INT(ric_idem_lmdb_verify(&sc, why, sizeof(why)), RIC_DECLINED);
+        UNIT_CHECK(strstr(why, "meta page 1 gives a page size of 0") != NULL);
+    }
+}
+
 int
 main(void)
 {
@@ -299,6 +343,7 @@ main(void)
     test_full_map();
     test_full_of_small();
     test_backlog();
+    test_verify_page_size();
     rc = UNIT_DONE("idem_lmdb");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
