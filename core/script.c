@@ -9,6 +9,7 @@
 #include "request.h"
 #include "retry.h"
 #include "script_api.h"
+#include "script_match.h"
 #include "upstream.h"
 
 #include <lauxlib.h>
@@ -450,6 +451,13 @@ state_init(char *err, size_t errlen)
     ref_ricochet = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pop(L, 1);
 
+    /* the pattern functions sandbox.lua puts in the string table: ours,
+     * which stop at the hook's deadline */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "loaded");
+    ric_script_match_push(L);
+    lua_setfield(L, -2, "ricochet.patterns");
+    lua_pop(L, 2);
     if (load_bundled(ric_lua_sandbox, "=ricochet/sandbox.lua", err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }
