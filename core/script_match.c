@@ -56,6 +56,7 @@ in_class(int c, int cl)
     case 'a': yes = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); break;
     case 'c': yes = c < 32 || c == 127; break;
     case 'd': yes = c >= '0' && c <= '9'; break;
+    case 'g': yes = c > 32 && c < 127; break; /* LuaJIT has Lua 5.2's %g */
     case 'l': yes = c >= 'a' && c <= 'z'; break;
     case 'p': yes = c > 32 && c < 127 && !in_class(c, 'w'); break;
     case 's': yes = c == ' ' || (c >= '\t' && c <= '\r'); break;

@@ -61,9 +61,10 @@ main(void)
     static const char *const pat_bits[] = {
         "a", "b", "x", ".", "%a", "%d", "%s", "%w", "%p", "%A", "%z", "%%", "%", "(", ")", "()", "[ab]",
         "[^a]", "[a-c]", "[%d]", "[]", "[", "]", "^", "$", "*", "+", "-", "?", "%b()", "%f[%w]", "%f[%z]",
-        "%f", "%1", "%2", "%0", "%b", "\0", ")"
+        "%f", "%1", "%2", "%0", "%b", "\0", ")", "%g", "%G", "%x", "%X", "%u", "%l", "%c", "%C", "%S", "%.", "%q"
     };
-    static const char *const sub_bits[] = { "a", "b", "x", "(", ")", "1", " ", "\0", "]", "ab", "%", "\n" };
+    static const char *const sub_bits[] = { "a", "b", "x", "(", ")", "1", " ", "\0", "]", "ab", "%", "\n",
+                                            "G", "\x7f", "\xe9", "F", "." };
     static const char *const repls[] = { "x", "%0", "%1", "%2", "x%", "%%", "%a", "FN", "TBL", "#7", "" };
     static const char *const inits[] = { NULL, "#1", "#0", "#-1", "#-3", "#3", "#40", "#2.7", "#-100" };
     lua_State *L = match_diff_state();
