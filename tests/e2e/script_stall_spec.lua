@@ -76,12 +76,56 @@ attacks["/unpack-char"] = function()
     for i = 1, 7000 do codes[i] = 65 + i % 26 end
     for _ = 1, 1000000 do string.char(unpack(codes)) end
 end
+-- the digests, now sliced, give what they gave: keys and messages around the block and slice sizes
+local function digests()
+    local out = {}
+    for _, kn in ipairs({ 0, 3, 64, 65, 300000 }) do
+        for _, mn in ipairs({ 0, 5, 600000 }) do
+            out[#out + 1] = ricochet.hmac_sha256(("k"):rep(kn), ("m"):rep(mn))
+        end
+    end
+    out[#out + 1] = ricochet.sha256(("m"):rep(600000))
+    return table.concat(out, " ")
+end
 function route.on_request(req)
+    if req.path == "/digests" then req:set_header("X-Digests", digests()) end
     local attack = attacks[req.path]
     if attack then attack() end
     req:set_header("X-Script-Ran", "yes")
 end
 return route
+]]
+
+-- what a script sees of sort and patterns, with error messages stripped of their place: the gateway and the
+-- test kit must agree
+local SUMMARY = [[
+local function try(f, ...)
+    local r = { pcall(f, ...) }
+    if not r[1] then return "error: " .. tostring(r[2]):gsub("^[^:]*:%d+: ", "") end
+    for i = 2, #r do r[i] = tostring(r[i]) end
+    return table.concat(r, ",", 2)
+end
+return { on_request = function(req)
+    local out = {}
+    local t = { "pear", "apple", "fig", "apple" }
+    table.sort(t)
+    out[#out + 1] = table.concat(t, ",")
+    local n = { 3, 1.5, -2, 10 }
+    table.sort(n)
+    out[#out + 1] = table.concat(n, ",")
+    out[#out + 1] = try(table.sort, { 1, "x" })
+    out[#out + 1] = try(table.sort, { 2, 1 }, false)
+    out[#out + 1] = try(string.find, "key = value; k2 = v2", "(%w+)%s*=%s*(%w+)", 5)
+    out[#out + 1] = try(string.match, "  trim me  ", "^%s*(.-)%s*$")
+    out[#out + 1] = try(string.gsub, "a,b,,c", ",", ";", 2)
+    out[#out + 1] = try(string.gsub, "hello world", "(%w+)", "<%1>")
+    out[#out + 1] = try(string.find, "abc", "[a")
+    out[#out + 1] = try(string.gsub, "abc", "(", "x")
+    local words = {}
+    for w in ("one two three"):gmatch("%a+") do words[#words + 1] = w end
+    out[#out + 1] = table.concat(words, "+")
+    req:set_header("X-Summary", table.concat(out, " | "))
+end }
 ]]
 
 local CONF = [[
@@ -100,6 +144,20 @@ http {
 
 local STOPPED = "stopped: it ran longer than a hook may"
 
+-- what the test kit computes for digests() above
+local function kit_digests()
+    package.path = "scripts/?.lua;" .. package.path
+    local kit = require("ricochet.testing")
+    local out = {}
+    for _, kn in ipairs({ 0, 3, 64, 65, 300000 }) do
+        for _, mn in ipairs({ 0, 5, 600000 }) do
+            out[#out + 1] = kit.hmac_sha256(("k"):rep(kn), ("m"):rep(mn))
+        end
+    end
+    out[#out + 1] = kit.sha256(("m"):rep(600000))
+    return table.concat(out, " ")
+end
+
 describe("a route script stalled in a call the count hook cannot interrupt", function()
     local sdir = H.mkdtemp("stall")
     local up, gw, worker
@@ -117,6 +175,33 @@ describe("a route script stalled in a call the count hook cannot interrupt", fun
         if gw then gw:stop() end
         if up then up:stop() end
         H.rm_rf(sdir)
+    end)
+
+    it("sorts and matches as the test kit does", function()
+        H.write_file(sdir .. "/summary.lua", SUMMARY)
+        package.path = "scripts/?.lua;" .. package.path
+        local kit = require("ricochet.testing")
+        local route = assert(kit.load(sdir .. "/summary.lua"))
+        local req = kit.request{ method = "GET", path = "/" }
+        route.on_request(req)
+        local want = kit.upstream(req)["x-summary"]
+        assert.truthy(want:find("apple,apple,fig,pear", 1, true), want)
+        local gw2 = H.start_gateway({ conf = CONF, upstream = up, vars = { SCRIPT = sdir .. "/summary.lua" } })
+        local ok, err = pcall(function()
+            up:reset()
+            local r = assert(H.request(gw2.port, { method = "GET", path = "/" }))
+            assert.equal(200, r.status)
+            assert.same({ want }, H.hit_values(up:hits()[1], "X-Summary"), ctx(gw2))
+        end)
+        gw2:stop()
+        assert(ok, err)
+    end)
+
+    it("gives the digests the test kit gives, for long keys and messages too", function()
+        up:reset()
+        local r = assert(H.request(gw.port, { method = "GET", path = "/digests", timeout = 30 }))
+        assert.equal(200, r.status)
+        assert.same({ kit_digests() }, H.hit_values(up:hits()[1], "X-Digests"), ctx(gw))
     end)
 
     for _, path in ipairs({
