@@ -87,7 +87,7 @@ use(const ric_script_t *s)
 static int64_t call_start_us;
 static volatile int64_t call_deadline_us; /* read by the alarm's handler */
 static int64_t call_ticks;
-static int call_stopped;
+static volatile sig_atomic_t call_stopped; /* read by the alarm's handler */
 static volatile sig_atomic_t call_running; /* a bounded call is on the stack */
 static lua_State *volatile call_lua;      /* ...in this state */
 volatile sig_atomic_t ric_script_expired;
@@ -141,7 +141,8 @@ static void push_ctx(ric_request_t *r);
 static int
 over_bound(void)
 {
-    return call_stopped || ric_script_expired || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
+    return call_stopped || ric_script_expired
+           || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
            || ric_now_exact_us() > call_deadline_us;
 }
 

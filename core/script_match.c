@@ -269,7 +269,8 @@ step(matcher_t *m, const char *s, const char *p)
         case '\0':
             goto done;
         case '(':
-            s = p[1] == ')' ? open_capture(m, s, p + 2, CAP_POS) : open_capture(m, s, p + 1, CAP_OPEN);
+            s = p[1] == ')' ? open_capture(m, s, p + 2, CAP_POS)
+                            : open_capture(m, s, p + 1, CAP_OPEN);
             goto done;
         case ')':
             s = close_capture(m, s, p + 1);

@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* Calls diff(fname, s, p, a3, a4) (the function at index 1); a3/a4 NULL: nil, "#n": the number n. 1 when
- * both libraries agree, else prints how they differ. */
+/* Calls diff(fname, s, p, a3, a4) (the function at index 1); a3/a4 NULL: nil, "#n": the number n,
+ * "!": true. 1 when both libraries agree, else prints how they differ. */
 static int
 agree(lua_State *L, const char *fname, const char *s, size_t slen, const char *p, size_t plen,
       const char *a3, const char *a4)
@@ -59,8 +59,9 @@ main(void)
 {
     static const char *const fns[] = { "find", "match", "gmatch", "gsub" };
     static const char *const pat_bits[] = {
-        "a", "b", "x", ".", "%a", "%d", "%s", "%w", "%p", "%A", "%z", "%%", "%", "(", ")", "()", "[ab]",
-        "[^a]", "[a-c]", "[%d]", "[]", "[", "]", "^", "$", "*", "+", "-", "?", "%b()", "%f[%w]", "%f[%z]",
+        "a", "b", "x", ".", "%a", "%d", "%s", "%w", "%p", "%A", "%z", "%%", "%", "(", ")", "()",
+        "[ab]", "[^a]", "[a-c]", "[%d]", "[]", "[", "]", "^", "$", "*", "+", "-", "?", "%b()",
+        "%f[%w]", "%f[%z]",
         "%f", "%1", "%2", "%0", "%b", "\0", ")", "%g", "%G", "%x", "%X", "%u", "%l", "%c", "%C", "%S", "%.", "%q"
     };
     static const char *const sub_bits[] = { "a", "b", "x", "(", ")", "1", " ", "\0", "]", "ab", "%", "\n",
