@@ -9,6 +9,7 @@
 #include "request.h"
 #include "retry.h"
 #include "script_api.h"
+#include "script_deadline.h"
 #include "script_match.h"
 #include "upstream.h"
 
@@ -90,7 +91,6 @@ static int64_t call_ticks;
 static volatile sig_atomic_t call_stopped; /* read by the alarm's handler */
 static volatile sig_atomic_t call_running; /* a bounded call is on the stack */
 static lua_State *volatile call_lua;      /* ...in this state */
-volatile sig_atomic_t ric_script_expired;
 
 int64_t ric_script_timeout_ms = RIC_SCRIPT_MAX_MS;
 size_t ric_script_memory_max = RIC_SCRIPT_MEMORY_MAX;
@@ -265,14 +265,16 @@ alarm_arm(void)
     alarm_set(call_deadline_us);
 }
 
-int
-ric_script_over(void)
+/* script_deadline.c's two functions: whether the running call is past a
+ * bound, and its stop. */
+static int
+deadline_over(void)
 {
     return call_running && over_bound();
 }
 
-void
-ric_script_stop(lua_State *l)
+static void
+deadline_stop(lua_State *l)
 {
     stop_now(l);
 }
@@ -452,6 +454,7 @@ state_init(char *err, size_t errlen)
     ref_ricochet = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pop(L, 1);
 
+    ric_script_deadline_init(deadline_over, deadline_stop);
     /* the pattern functions sandbox.lua puts in the string table: ours,
      * which stop at the hook's deadline */
     lua_getglobal(L, "package");

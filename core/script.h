@@ -47,23 +47,9 @@ int ric_script_share(const ric_conf_t *conf, struct ric_shm_s *zone, char *err, 
 #define RIC_SCRIPT_MEMORY_MAX ((size_t) 64 << 20)
 
 /* The signal of the per-process timer that rings at a hook call's deadline
- * (script.c: its handler makes the count hook fire at the next instruction). */
+ * (script.c: its handler makes the count hook fire at the next instruction
+ * and sets ric_script_expired, script_deadline.h). */
 #define RIC_SIG_SCRIPT_ALARM (SIGRTMIN + 6)
-
-/* Set (by that handler) once the running call is past script_timeout: a
- * long loop in our own C code (script_match.c, the digests) reads it, and
- * calls ric_script_check to stop. */
-extern volatile sig_atomic_t ric_script_expired;
-
-struct lua_State;
-
-/* 1 when a bounded hook call runs and is past one of its bounds (0 in the
- * test kit's states and a state's own setup, where no call is bounded). */
-int ric_script_over(void);
-
-/* Stops the running hook call: raises the "stopped: it ran longer than a
- * hook may" error in l (no return). Only when ric_script_over() says so. */
-void ric_script_stop(struct lua_State *l);
 
 /* The bounds in force (script_timeout, script_memory_max; set when the
  * config is read, the defaults until then). */

@@ -7,6 +7,7 @@
 #include "retry_after.h"
 #include "respond.h"
 #include "script.h"
+#include "script_deadline.h"
 #include "shared_dict.h"
 
 #include <ctype.h>
@@ -689,9 +690,9 @@ digest_feed(lua_State *L, EVP_MD_CTX *d, const void *s, size_t n)
     size_t k;
 
     while (n > 0) {
-        if (ric_script_expired && ric_script_over()) {
+        if (ric_script_expired && ric_script_deadline_passed()) {
             EVP_MD_CTX_free(d);
-            ric_script_stop(L);
+            ric_script_deadline_stop(L);
         }
         k = n < DIGEST_SLICE ? n : DIGEST_SLICE;
         if (EVP_DigestUpdate(d, p, k) != 1) {

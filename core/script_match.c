@@ -1,6 +1,6 @@
 /* script_match.c: Lua 5.1 patterns (find, match, gmatch, gsub) for route scripts, stopped at the hook's deadline. */
 #include "script_match.h"
-#include "script.h"
+#include "script_deadline.h"
 
 #include <lauxlib.h>
 #include <stdint.h>
@@ -40,8 +40,8 @@ static const char *step(matcher_t *m, const char *s, const char *p);
 static void
 tick(matcher_t *m)
 {
-    if (ric_script_expired && ric_script_over()) {
-        ric_script_stop(m->L);
+    if (ric_script_expired && ric_script_deadline_passed()) {
+        ric_script_deadline_stop(m->L);
     }
 }
 
