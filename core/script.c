@@ -10,6 +10,8 @@
 #include "retry.h"
 #include "route.h"
 #include "script_api.h"
+#include "script_deadline.h"
+#include "script_match.h"
 #include "script_json.h"
 #include "upstream.h"
 #include "watchdog.h"
@@ -18,8 +20,12 @@
 #include <lua.h>
 #include <lualib.h>
 #include <ctype.h>
+#include <errno.h>
 #include <malloc.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
 
 /*
  * Each `script` file gets its own state, made when its directive is read,
@@ -85,9 +91,11 @@ use(const ric_script_t *s)
 #define HOOK_EVERY 1000 /* instructions between checks */
 
 static int64_t call_start_us;
+static volatile int64_t call_deadline_us; /* read by the alarm's handler */
 static int64_t call_ticks;
-static int call_stopped;
-static int call_running;     /* a bounded call is on the stack */
+static volatile sig_atomic_t call_stopped; /* read by the alarm's handler */
+static volatile sig_atomic_t call_running; /* a bounded call is on the stack */
+static lua_State *volatile call_lua;      /* ...in this state */
 
 int64_t ric_script_timeout_ms = RIC_SCRIPT_MAX_MS;
 size_t ric_script_memory_max = RIC_SCRIPT_MEMORY_MAX;
@@ -138,8 +146,9 @@ static void push_ctx(ric_request_t *r);
 static int
 over_bound(void)
 {
-    return call_stopped || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
-           || ric_now_exact_us() - call_start_us > ric_script_timeout_ms * 1000;
+    return call_stopped || ric_script_expired
+           || call_ticks * HOOK_EVERY > RIC_SCRIPT_MAX_INSTRUCTIONS
+           || ric_now_exact_us() > call_deadline_us;
 }
 
 /* The clock checked after a library call that can run long (and inside
@@ -175,6 +184,113 @@ bound_hook(lua_State *l, lua_Debug *ar)
     stop_now(l);
 }
 
+/* --- the deadline's alarm --------------------------------------------------------
+ * The count hook reads the clock every HOOK_EVERY instructions, but one
+ * instruction can take milliseconds (a comparison, a concatenation or a
+ * digest of a long string): a loop of them overshot script_timeout many
+ * times over. So one timer per process rings at the running call's
+ * deadline, and its handler makes the count hook run at the very next
+ * instruction (lua_sethook is async-signal-safe in LuaJIT; its own lua.c
+ * calls it from SIGINT) and sets ric_script_expired, which our own long C
+ * loops (script_match.c, the digests) read. The timer is armed only when
+ * it is not already armed for an earlier deadline: a syscall at most once
+ * per script_timeout, not one per call. A ring that finds no call running
+ * does nothing; one that finds a later call re-arms for that call's
+ * deadline. After the deadline it rings again every millisecond until the
+ * call ends, so a hook count the interpreter was decrementing at the ring
+ * (a lost update) cannot delay the stop by more than that. */
+
+static timer_t alarm_timer;
+static int alarm_made;                   /* in this process: timers are not inherited by fork */
+static volatile sig_atomic_t alarm_armed;
+static volatile int64_t alarm_at_us;     /* the moment it rings, when armed */
+
+static void
+alarm_set(int64_t at_us)
+{
+    struct itimerspec when = { { 0, 0 }, { at_us / 1000000, (long) (at_us % 1000000) * 1000 } };
+
+    alarm_at_us = at_us;
+    alarm_armed = 1;
+    if (timer_settime(alarm_timer, TIMER_ABSTIME, &when, NULL) != 0) {
+        alarm_armed = 0; /* the count hook alone bounds the call */
+    }
+}
+
+static void
+on_alarm(int sig)
+{
+    int saved = errno;
+    int64_t deadline = call_deadline_us;
+
+    (void) sig;
+    alarm_armed = 0;
+    if (call_running && !call_stopped) {
+        if (ric_now_exact_us() >= deadline) {
+            ric_script_expired = 1;
+            lua_sethook(call_lua, bound_hook, LUA_MASKCOUNT, 1);
+            deadline = ric_now_exact_us() + 1000;
+        }
+        alarm_set(deadline);
+    }
+    errno = saved;
+}
+
+/* A forked child has no timer (and no alarm armed): it makes its own. */
+static void
+alarm_forget(void)
+{
+    alarm_made = 0;
+    alarm_armed = 0;
+}
+
+/* The alarm rings by the call's deadline. Once per process it is made; if
+ * it cannot be, the count hook alone bounds calls. */
+static void
+alarm_arm(void)
+{
+    static int atfork_registered;
+    struct sigevent ev;
+    struct sigaction sa;
+
+    if (alarm_armed && alarm_at_us <= call_deadline_us) {
+        return;
+    }
+    if (!alarm_made) {
+        if (!atfork_registered) {
+            atfork_registered = 1;
+            pthread_atfork(NULL, NULL, alarm_forget);
+        }
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_alarm;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        memset(&ev, 0, sizeof(ev));
+        ev.sigev_notify = SIGEV_SIGNAL;
+        ev.sigev_signo = RIC_SIG_SCRIPT_ALARM;
+        if (sigaction(RIC_SIG_SCRIPT_ALARM, &sa, NULL) != 0
+            || timer_create(CLOCK_MONOTONIC, &ev, &alarm_timer) != 0) {
+            return;
+        }
+        alarm_made = 1;
+    }
+    alarm_set(call_deadline_us);
+}
+
+/* script_deadline.c's two functions: whether the running call is past a
+ * bound, and its stop. */
+static int
+deadline_over(void)
+{
+    return call_running && over_bound();
+}
+
+static void
+deadline_stop(lua_State *l)
+{
+    stop_now(l);
+}
+
 static void
 stop_now(lua_State *l)
 {
@@ -197,14 +313,18 @@ call(int nargs, int nres)
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref_traceback);
     lua_insert(L, base);
     call_start_us = ric_now_exact_us(); /* the turn's now may be old */
+    call_deadline_us = call_start_us + ric_script_timeout_ms * 1000;
     call_ticks = 0;
     call_stopped = 0;
-    call_running = 1;
+    ric_script_expired = 0;
+    call_lua = L;
     mem_over = 0;
     lua_sethook(L, bound_hook, LUA_MASKCOUNT, HOOK_EVERY);
+    call_running = 1; /* after the hook is set, so the alarm's handler never races its setting */
+    alarm_arm();
     rc = lua_pcall(L, nargs, nres, base);
-    lua_sethook(L, NULL, 0, 0);
     call_running = 0;
+    lua_sethook(L, NULL, 0, 0);
     lua_remove(L, base);
     if (rc != 0) {
         /* a stopped call skipped the sandbox's ways out (a callback's
@@ -386,6 +506,14 @@ state_init(char *err, size_t errlen)
     ref_ricochet = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pop(L, 1);
 
+    ric_script_deadline_init(deadline_over, deadline_stop);
+    /* the pattern functions sandbox.lua puts in the string table: ours,
+     * which stop at the hook's deadline */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "loaded");
+    ric_script_match_push(L);
+    lua_setfield(L, -2, "ricochet.patterns");
+    lua_pop(L, 2);
     if (load_bundled(ric_lua_sandbox, "=ricochet/sandbox.lua", err, errlen) != RIC_OK) {
         return RIC_ERROR;
     }

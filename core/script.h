@@ -4,6 +4,8 @@
 
 #include "ric_core.h"
 
+#include <signal.h>
+
 /* A script's hooks, as its counters name them. */
 enum { RIC_HOOK_ON_REQUEST, RIC_HOOK_CLASSIFY, RIC_HOOK_ON_RESPONSE, RIC_HOOK_ON_LOG, RIC_HOOKS };
 
@@ -43,6 +45,11 @@ int ric_script_share(const ric_conf_t *conf, struct ric_shm_s *zone, char *err, 
 #define RIC_SCRIPT_MAX_INSTRUCTIONS 10000000
 #define RIC_SCRIPT_MAX_MS 50
 #define RIC_SCRIPT_MEMORY_MAX ((size_t) 64 << 20)
+
+/* The signal of the per-process timer that rings at a hook call's deadline
+ * (script.c: its handler makes the count hook fire at the next instruction
+ * and sets ric_script_expired, script_deadline.h). */
+#define RIC_SIG_SCRIPT_ALARM (SIGRTMIN + 6)
 
 /* The bounds in force (script_timeout, script_memory_max; set when the
  * config is read, the defaults until then). */
