@@ -279,8 +279,7 @@ describe("/metrics over two workers", function()
         H.write_file(dir .. "/route.lua", SCRIPT)
         store = dir .. "/idem.mdb"
         up = H.start_upstream()
-        local p = H.free_ports(2)
-        vars = { DEAD = p[1], TLSPORT = p[2], STORE = store, SCRIPT = dir .. "/route.lua", DIR = dir }
+        vars = { DEAD = H.dead_port(), TLSPORT = H.free_port(), STORE = store, SCRIPT = dir .. "/route.lua", DIR = dir }
         conf = CONF
         gw = H.start_gateway({ conf = conf, upstream = up, vars = vars })
     end)

@@ -949,7 +949,7 @@ describe("without an upstream answer", function()
         assert(sink:listen(8))
         local _, sink_port = sink:getsockname()
         gw = start_gw(DEAD, { upstream = up,
-            vars = { DEADPORT = H.free_port(), HOLEPORT = hole_port, SINKPORT = sink_port } })
+            vars = { DEADPORT = H.dead_port(), HOLEPORT = hole_port, SINKPORT = sink_port } })
     end)
 
     teardown(function()

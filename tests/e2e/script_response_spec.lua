@@ -96,7 +96,7 @@ describe("on_response on every answer", function()
         H.write_file(dir .. "/never.lua", NEVER)
         H.write_file(dir .. "/keeper.lua", KEEPER)
         gw = H.start_gateway({ conf = CONF, upstream = up,
-            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", KEEPER = dir .. "/keeper.lua", STORE = dir .. "/idem.mdb", DEAD = H.free_port() } })
+            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", KEEPER = dir .. "/keeper.lua", STORE = dir .. "/idem.mdb", DEAD = H.dead_port() } })
     end)
 
     teardown(function()
