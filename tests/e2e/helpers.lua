@@ -1119,20 +1119,24 @@ function Gateway:render(conf, extra)
     return render(conf, vars)
 end
 
+-- The listening sockets come before the pid file: a `-s` asked right after the start (which waits for a
+-- listener) must first see the pid file its config names hold a running master, or it is refused as stale.
+-- Waits for that (bounded, 20 s); at once when the config has no pid file.
+function Gateway:wait_pid_file()
+    local pid = ("\n" .. (read_file(self.conf_path) or "")):match("\n%s*pid%s+([^;%s]+)%s*;")
+    if not pid or pid == "off" then return end
+    if pid:sub(1, 1) ~= "/" then pid = self.prefix .. "/" .. pid end
+    H.wait_until(function()
+        local named = tonumber((read_file(pid) or ""):match("^(%d+)\n"))
+        return named and pid_alive(named)
+    end, 20)
+end
+
 -- Writes a new config for the gateway (the same placeholders, plus extra vars) and asks the
 -- running master to reload it: `ricochet -s reload`, which waits for the outcome.
 -- Returns its exit code and output.
 function Gateway:reload(conf, extra)
-    -- the listening sockets come before the pid file: a reload asked right after the start (which
-    -- waits for a listener) must first see the pid file name a running master, or it is refused as stale
-    local pid = ("\n" .. (read_file(self.conf_path) or "")):match("\n%s*pid%s+([^;%s]+)%s*;")
-    if pid and pid ~= "off" then
-        if pid:sub(1, 1) ~= "/" then pid = self.prefix .. "/" .. pid end
-        H.wait_until(function()
-            local named = tonumber((read_file(pid) or ""):match("^(%d+)\n"))
-            return named and pid_alive(named)
-        end, 20)
-    end
+    self:wait_pid_file()
     if conf then write_file(self.conf_path, self:render(conf, extra)) end
     return H.run({ self.argv[1], "-p", self.prefix, "-c", self.conf_path, "-s", "reload" },
         { timeout = 70 })

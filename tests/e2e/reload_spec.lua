@@ -369,6 +369,7 @@ describe("a binary upgrade (-s upgrade)", function()
     end
 
     local function upgrade()
+        gw:wait_pid_file()
         return H.run({ H.bin(), "-p", gw.prefix, "-c", gw.conf_path, "-s", "upgrade" }, { timeout = 70 })
     end
 
