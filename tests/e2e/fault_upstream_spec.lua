@@ -175,7 +175,7 @@ describe("fault upstream", function()
         local hits = up:hits()
         assert.equal(hits[1].conn, hits[2].conn)
         conn:close()
-        assert.truthy(H.wait_until(function() return up:stats().open_connections == 0 end, 3))
+        assert.truthy(H.wait_until(function() return up:stats().open_connections == 0 end, 15))
     end)
 
     it("answers pipelined requests in order", function()

@@ -205,6 +205,9 @@ worker_processes 2;
 error_log logs/error.log info;
 pid logs/ricochet.pid;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     access_log {{PREFIX}}/logs/access.log;
     admin_listen 127.0.0.1:{{PORT2}};
     retry_backoff 1ms 2ms;

@@ -14,6 +14,9 @@ worker_processes 2;
 error_log logs/error.log info;
 pid logs/ricochet.pid;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     access_log logs/access.log;
     upstream up { server {{UPSTREAM}}; }
     server {
@@ -207,6 +210,9 @@ worker_processes 1;
 error_log logs/error.log info;
 pid logs/ricochet.pid;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     access_log logs/access.log;
     upstream up { server {{SERVER}}; retry_budget off; }
     server {
