@@ -346,18 +346,20 @@ write_pid_file(const char *path)
     char buf[32];
     int fd, n;
 
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd == -1) {
         ric_log_error(RIC_LOG_EMERG, errno, "cannot write the pid file \"%s\"", path);
         return RIC_ERROR;
     }
+    /* locked before the pid is in it: a `-s` that reads this pid finds
+     * it held (locked after, a `-s reload` at that moment called it stale) */
+    flock(fd, LOCK_EX | LOCK_NB);
     n = snprintf(buf, sizeof(buf), "%d\n", (int) getpid());
-    if (write(fd, buf, (size_t) n) != n) {
+    if (ftruncate(fd, 0) != 0 || write(fd, buf, (size_t) n) != n) {
         ric_log_error(RIC_LOG_EMERG, errno, "cannot write the pid file \"%s\"", path);
         close(fd);
         return RIC_ERROR;
     }
-    flock(fd, LOCK_EX | LOCK_NB);
     if (held != -1) {
         close(held);
     }

@@ -44,6 +44,10 @@ int ric_script_share(const ric_conf_t *conf, struct ric_shm_s *zone, char *err, 
  * bound checked alongside. */
 #define RIC_SCRIPT_MAX_INSTRUCTIONS 10000000
 #define RIC_SCRIPT_MAX_MS 50
+/* The clock's bound of a main chunk while a configuration is read (at
+ * least script_timeout): no request waits on it, and a busy machine can
+ * keep the process off the CPU longer than script_timeout. */
+#define RIC_SCRIPT_LOAD_MS 1000
 #define RIC_SCRIPT_MEMORY_MAX ((size_t) 64 << 20)
 
 /* The signal of the per-process timer that rings at a hook call's deadline

@@ -5,6 +5,7 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local json = require("cjson")
+local socket = require("socket")
 
 local function ctx(gw, extra)
     return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
@@ -48,7 +49,7 @@ local function logged(gw, prefix, n)
         local total = 0
         for _, k in pairs(per) do total = total + k end
         if total >= n then return true end
-    end, 5)
+    end, 15)
 end
 
 local SHARED = [[
@@ -186,7 +187,7 @@ describe("passive health, shared by two workers", function()
         end
         assert.truthy(marked, ctx(gw, "the bad server never got a request"))
         assert.equal(1, bad:stats().hits)
-        assert.truthy(H.wait_until(function() return gw:log():find("marked down", 1, true) end, 3), ctx(gw))
+        assert.truthy(H.wait_until(function() return gw:log():find("marked down", 1, true) end, 10), ctx(gw))
         -- now many requests on fresh connections, taken by both workers: none reaches the bad server
         local n = 40
         local resps, err = burst(gw.port, paths("/after/", n), 4)
@@ -266,7 +267,8 @@ http {
     access_log {{PREFIX}}/logs/access.log;
     upstream flaky {
         server {{UPSTREAM}};
-        retry_budget adaptive max=10 wait=5s;
+        # retries may wait far longer than the spec takes to end the brownout, however busy the machine
+        retry_budget adaptive max=10 wait=60s;
     }
     server {
         listen 127.0.0.1:{{PORT}};
@@ -275,7 +277,7 @@ http {
         # served) and fail before the brownout is over; what is tested here
         # is that the others wait instead of failing
         retry_attempts 0;
-        retry_timeout 20s;
+        retry_timeout 60s;
         retry_backoff 10ms 20ms;
         location / {
             proxy_pass http://flaky;
@@ -310,15 +312,19 @@ describe("a brownout after healthy traffic", function()
             assert(conns[i]:send(H.build_request(gw.port, { path = "/brown/" .. i })))
         end
         -- every one got its first attempt; the bucket paid for 10 failing retries, the rest wait
-        assert.truthy(up:wait_hits(40, 5), ctx(gw))
+        assert.truthy(#up:wait_hits(40, 20) >= 40, ctx(gw))
         H.sleep(1.0)
-        local during = up:stats().hits
-        -- 30 first attempts, 10 paid retries, a probe every 100 ms: nothing like 30 x 4
-        assert.is_true(during <= 30 + 10 + 15, "upstream attempts during the brownout: " .. during)
+        local hits = up:hits({ bodies = false })
+        local during, span = #hits, socket.gettime() - hits[1].time
+        -- 30 first attempts, 10 paid retries, a probe every 100 ms of the brownout so far (about 1 s, more on a
+        -- busy machine): nothing like the thousands of retries every 10-20 ms of 30 requests would be
+        local probes = math.ceil(span / 0.1) + 5
+        assert.is_true(during <= 30 + 10 + probes,
+            ("upstream attempts during the %.1f s of the brownout: %d"):format(span, during))
         up:program({ default = { status = 200, body = "back\n" } })
         local ok = 0
         for i = 1, 30 do
-            local resp = conns[i]:read_response({ timeout = 8 })
+            local resp = conns[i]:read_response({ timeout = 30 })
             if resp and resp.status == 200 and resp.body == "back\n" then ok = ok + 1 end
             conns[i]:close()
         end

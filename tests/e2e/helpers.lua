@@ -416,6 +416,26 @@ function H.free_port()
     return H.free_ports(1)[1]
 end
 
+-- Ports that refuse every connection for as long as this busted process runs: each is bound and never listened
+-- on, so no other process can take it meanwhile (a port merely found free could be taken by another test run
+-- and answer).
+local held = {}
+function H.dead_ports(n)
+    local ports = {}
+    for i = 1, n do
+        local s = assert(socket.tcp())
+        assert(s:bind(LOOPBACK, 0))
+        local _, port = s:getsockname()
+        held[#held + 1] = s
+        ports[i] = tonumber(port)
+    end
+    return ports
+end
+
+function H.dead_port()
+    return H.dead_ports(1)[1]
+end
+
 -- Reads with recv(2) through the FFI instead of LuaSocket, because LuaSocket reports a reset as "closed" and
 -- tests need to tell a clean close (FIN) from an abortive one (RST).
 local MSG_DONTWAIT, EINTR, EAGAIN, ECONNRESET = 0x40, 4, 11, 104
@@ -958,7 +978,7 @@ function Upstream:stop()
 end
 
 -- Starts tests/tools/fault_upstream.lua; opts.port (default 0 = ephemeral), opts.max_seconds (default 300),
--- opts.verbose. Returns the upstream object once it printed its listening line (bounded: opts.timeout, 5 s).
+-- opts.verbose. Returns the upstream object once it printed its listening line (bounded: opts.timeout, 20 s).
 function H.start_upstream(opts)
     opts = opts or {}
     local dir = mkdtemp("up")
@@ -977,7 +997,7 @@ function H.start_upstream(opts)
         local p = out:match("listening [%d.]+:(%d+)\n")
         if p then return tonumber(p) end
         if not up:alive() then return -1 end
-    end, opts.timeout or 5)
+    end, opts.timeout or 20)
     if not port or port < 0 then
         local log = read_file(dir .. "/stderr.log") or ""
         up:stop()
@@ -1099,10 +1119,24 @@ function Gateway:render(conf, extra)
     return render(conf, vars)
 end
 
+-- The listening sockets come before the pid file: a `-s` asked right after the start (which waits for a
+-- listener) must first see the pid file its config names hold a running master, or it is refused as stale.
+-- Waits for that (bounded, 20 s); at once when the config has no pid file.
+function Gateway:wait_pid_file()
+    local pid = ("\n" .. (read_file(self.conf_path) or "")):match("\n%s*pid%s+([^;%s]+)%s*;")
+    if not pid or pid == "off" then return end
+    if pid:sub(1, 1) ~= "/" then pid = self.prefix .. "/" .. pid end
+    H.wait_until(function()
+        local named = tonumber((read_file(pid) or ""):match("^(%d+)\n"))
+        return named and pid_alive(named)
+    end, 20)
+end
+
 -- Writes a new config for the gateway (the same placeholders, plus extra vars) and asks the
 -- running master to reload it: `ricochet -s reload`, which waits for the outcome.
 -- Returns its exit code and output.
 function Gateway:reload(conf, extra)
+    self:wait_pid_file()
     if conf then write_file(self.conf_path, self:render(conf, extra)) end
     return H.run({ self.argv[1], "-p", self.prefix, "-c", self.conf_path, "-s", "reload" },
         { timeout = 70 })
@@ -1121,12 +1155,26 @@ end
 -- opts.ports: {PORT = n, PORT2 = n} or {n1, n2}; opts.upstream: upstream object, port number or "host:port";
 -- opts.upstreams: list of those; opts.vars: extra placeholders; opts.args: extra command-line arguments;
 -- opts.env: environment overrides; opts.wait = false skips waiting for the listen port (e.g. startup failures);
--- opts.timeout: startup wait (default 5 s); opts.keep_prefix keeps the temp dir after stop().
+-- opts.timeout: startup wait (default 20 s: a busy machine can be slow to start it, a fast one waits no longer); opts.keep_prefix keeps the temp dir after stop().
+-- A port found free is free only until another process on the machine binds it (other test runs do): when the
+-- gateway could not listen on ports this helper chose, it is started again on fresh ones (3 tries).
 function H.start_gateway(opts)
     opts = opts or {}
+    local given = opts.ports or opts.port
+    for _ = 1, 2 do
+        local ok, gw = pcall(H._start_gateway, opts)
+        if ok then return gw end
+        if given or opts.wait == false or not tostring(gw):find("Address already in use", 1, true) then
+            error(gw, 2)
+        end
+    end
+    return H._start_gateway(opts)
+end
+
+function H._start_gateway(opts)
     local bin = opts.bin or H.bin()
     local probe = io.open(bin, "rb")
-    if probe then probe:close() else error("gateway binary not found: " .. bin .. " (build it first)", 2) end
+    if probe then probe:close() else error("gateway binary not found: " .. bin .. " (build it first)", 0) end
     local prefix = mkdtemp("gw")
     local given = opts.ports or {}
     local fresh = H.free_ports(2)
@@ -1153,7 +1201,7 @@ function H.start_gateway(opts)
         env = opts.env })
     if not pid then
         rm_rf(prefix)
-        error(err, 2)
+        error(err, 0)
     end
     local gw = new_proc(pid, {
         prefix = prefix, conf_path = conf_path, vars = vars, argv = argv, keep_prefix = opts.keep_prefix,
@@ -1167,19 +1215,19 @@ function H.start_gateway(opts)
     local ready = H.wait_until(function()
         if not gw:alive() then return "exited" end
         if accepts(gw.port) and #gw:workers() > 0 then return "ready" end
-    end, opts.timeout or 5)
+    end, opts.timeout or 20)
     if ready ~= "ready" then
         local code = gw.exit_code
         local log = gw:log()
         gw:stop()
         error(("gateway %s (status %s); log:\n%s"):format(
             ready == "exited" and "exited during startup" or "did not accept connections in time",
-            tostring(code), log), 2)
+            tostring(code), log), 0)
     end
     return gw
 end
 
--- Starts any program (argv) with its output in log_path; opts.port: wait (bounded, 5 s) until it accepts there.
+-- Starts any program (argv) with its output in log_path; opts.port: wait (bounded, 20 s) until it accepts there.
 -- Returns a process object (:stop(), :alive(), :signal()); it is killed at exit if a test forgets it.
 function H.start_process(argv, log_path, opts)
     opts = opts or {}
@@ -1191,7 +1239,7 @@ function H.start_process(argv, log_path, opts)
         local up = H.wait_until(function()
             if not p:alive() then return "exited" end
             if accepts(opts.port) then return "ready" end
-        end, 5)
+        end, 20)
         if up ~= "ready" then
             p:terminate(2)
             error(argv[1] .. " did not start: " .. tostring(up) .. "\n" .. (read_file(log_path) or ""), 2)
@@ -1219,7 +1267,7 @@ local function redis_spawn(r)
     local up = H.wait_until(function()
         if not r:alive() then return "exited" end
         if accepts(r.port) then return "ready" end
-    end, 5)
+    end, 20)
     if up ~= "ready" then
         local log = read_file(r.dir .. "/redis.log") or ""
         r:terminate(2)

@@ -27,7 +27,7 @@ function I.repeat_post(port, path, key, body, extra)
     H.wait_until(function()
         last = I.post(port, path, key, body, extra)
         return not (last and last.status == 409 and last.body:find("idempotency-key-in-use", 1, true))
-    end, 3)
+    end, 15) -- the store's write waits its turn on a busy machine
     return last
 end
 

@@ -599,7 +599,7 @@ describe("a damaged LMDB idempotency store", function()
             seen[#seen + 1] = r and (r.status .. (problem_type(r) and (" " .. problem_type(r)) or "")) or tostring(err)
             if r and r.status == 201 then return r end
             H.sleep(0.1)
-        end, 5)
+        end, 20)
         assert.truthy(done, ctx(gw, "answers to the full request: " .. table.concat(seen, ", ")))
         assert.equal("uploaded", done.body)
         assert.is_nil(done.headers["idempotent-replayed"])
@@ -617,7 +617,7 @@ describe("a damaged LMDB idempotency store", function()
                 if e.status ~= 201 and e.status ~= 409 then first = e end
             end
             return first
-        end, 3)
+        end, 15)
         local log = H.read_file(gw.prefix .. "/logs/access.log") or ""
         assert.truthy(first, ctx(gw, "no line for the first request in:\n" .. log))
         assert.equal("released", first.idempotency, ctx(gw, log))

@@ -24,7 +24,7 @@ local function concurrent(ports, n, path, key, body)
     end
     local out = {}
     for i, c in ipairs(conns) do
-        out[i] = c:read_response({ timeout = 10 }) or { status = 0 }
+        out[i] = c:read_response({ timeout = 30 }) or { status = 0 }
         c:close()
     end
     return out
@@ -44,9 +44,9 @@ http {
         idempotency_store lmdb:{{STORE}};
         location / { proxy_pass http://up; }
         location /required/ { idempotency_required on; proxy_pass http://up; }
-        location /short/ { idempotency_ttl 1s; proxy_pass http://up; }
+        location /short/ { idempotency_ttl 3s; proxy_pass http://up; }
         location /small/ { idempotency_max_body 10; proxy_pass http://up; }
-        location /lock/ { idempotency_lock_ttl 1s; retry_timeout 1s; proxy_pass http://up; }
+        location /lock/ { idempotency_lock_ttl 10s; retry_timeout 10s; proxy_pass http://up; }
         location /keyed/ { idempotency_key on; retry_attempts 3; proxy_pass http://up; }
         location /nostore/ { idempotency_store off; proxy_pass http://up; }
         location /sync/ { idempotency_sync on; proxy_pass http://up; }
@@ -77,7 +77,8 @@ describe("the LMDB idempotency store", function()
     before_each(function() up:reset() end)
 
     it("lets 10 concurrent duplicates over 2 workers reach the upstream once", function()
-        up:program({ default = { status = 201, body = '{"charged":true}', delay_ms = 600 } })
+        -- the first answer takes 5 s: the nine others arrive while it is upstream, however busy the machine
+        up:program({ default = { status = 201, body = '{"charged":true}', delay_ms = 5000 } })
         local key = new_key()
         local answers = concurrent({ gw.port }, 10, "/pay", key, '{"amount":10}')
         local by = {}
@@ -186,8 +187,9 @@ describe("the LMDB idempotency store", function()
     it("expires records after idempotency_ttl", function()
         local key = new_key()
         assert.equal(200, assert(post(gw.port, "/short/pay", key)).status)
+        -- a 3 s ttl: the repeat comes within it on a busy machine too; past it, the record is gone
         assert.equal("true", assert(repeat_post(gw.port, "/short/pay", key)).headers["idempotent-replayed"])
-        socket.sleep(1.3)
+        socket.sleep(3.5)
         local later = assert(post(gw.port, "/short/pay", key))
         assert.equal(200, later.status)
         assert.is_nil(later.headers["idempotent-replayed"], ctx(gw))
@@ -205,19 +207,20 @@ describe("the LMDB idempotency store", function()
     end)
 
     it("runs a slow payment once for a client that timed out and sent it twice more", function()
-        up:program({ default = { status = 201, body = "paid", delay_ms = 1200 } })
+        -- the answer takes 5 s: the repeat comes while it is upstream, however busy the machine
+        up:program({ default = { status = 201, body = "paid", delay_ms = 5000 } })
         local key = new_key()
         local c = assert(H.connect(gw.port))
         assert(c:send(H.build_request(gw.port, { method = "POST", path = "/pay", body = "{}",
             headers = { { "Idempotency-Key", key } } })))
-        up:wait_hits(1, 3)
+        assert.equal(1, #up:wait_hits(1, 20), ctx(gw))
         c:close() -- the client gives up while the upstream works
         local r1 = assert(post(gw.port, "/pay", key, "{}"))
         assert.equal(409, r1.status)
         local done = H.wait_until(function()
             local r = post(gw.port, "/pay", key, "{}")
             return r and r.status == 201 and r
-        end, 5)
+        end, 30)
         assert.truthy(done, ctx(gw))
         assert.equal("paid", done.body)
         assert.equal("true", done.headers["idempotent-replayed"])
@@ -239,12 +242,14 @@ describe("the LMDB idempotency store", function()
     end)
 
     it("frees a key after its lock TTL when the gateway was killed with it in flight", function()
-        up:program({ sequence = { { status = 201, body = "lost", delay_ms = 3000 } }, default = { status = 201, body = "again" } })
+        -- a 10 s lock: the restart is done within it on a busy machine too; the kill comes before the
+        -- answer (30 s)
+        up:program({ sequence = { { status = 201, body = "lost", delay_ms = 30000 } }, default = { status = 201, body = "again" } })
         local key = new_key()
         local c = assert(H.connect(gw.port))
         assert(c:send(H.build_request(gw.port, { method = "POST", path = "/lock/pay", body = "{}",
             headers = { { "Idempotency-Key", key } } })))
-        up:wait_hits(1, 3)
+        assert.equal(1, #up:wait_hits(1, 20), ctx(gw))
         for _, pid in ipairs(gw:workers()) do H.run({ "kill", "-9", tostring(pid) }) end
         gw:signal("KILL")
         gw:wait_exit(5)
@@ -255,7 +260,7 @@ describe("the LMDB idempotency store", function()
         local r = H.wait_until(function()
             local x = post(gw.port, "/lock/pay", key, "{}")
             return x and x.status == 201 and x
-        end, 5)
+        end, 30)
         assert.truthy(r, ctx(gw))
         assert.equal("again", r.body)
         assert.equal(2, #up:hits())
@@ -288,13 +293,13 @@ describe("the LMDB idempotency store", function()
         local c = assert(H.connect(gw.port))
         assert(c:send(H.build_request(gw.port, { method = "POST", path = "/pay", body = "{}",
             headers = { { "Idempotency-Key", key } } })))
-        up:wait_hits(1, 3)
+        assert.equal(1, #up:wait_hits(1, 20), ctx(gw))
         socket.sleep(0.3) -- the gateway is stuck on a client that reads nothing
         c.sock:shutdown("send") -- and that says it is done: the gateway sees it leave
         local r = H.wait_until(function()
             local x = post(gw.port, "/pay", key, "{}")
             return x and x.status == 409 and problem_type(x) == "urn:ricochet:problem:idempotency-answer-not-stored" and x
-        end, 5)
+        end, 30)
         c:close()
         assert.truthy(r, ctx(gw, "the orphaned answer never finished"))
         assert.equal(1, #up:hits())
@@ -345,13 +350,14 @@ describe("the Redis idempotency store", function()
             local r2 = post(gw2.port, "/probe", new_key())
             streak = (r and r.status == 200 and r2 and r2.status == 200) and streak + 1 or 0
             return streak >= 8
-        end, 12)
+        end, 30)
     end
 
     it("lets duplicates sent to two gateways at once reach the upstream once", function()
         assert.truthy(wait_redis_ready(), ctx(gw1))
         up:reset()
-        up:program({ default = { status = 201, body = "once", delay_ms = 600 } })
+        -- the first answer takes 5 s: the nine others arrive while it is upstream, however busy the machine
+        up:program({ default = { status = 201, body = "once", delay_ms = 5000 } })
         local key = new_key()
         local answers = concurrent({ gw1.port, gw2.port }, 10, "/pay", key, "{}")
         local by = {}
@@ -370,6 +376,7 @@ describe("the Redis idempotency store", function()
         assert.is_true(type(keys) == "table" and #keys >= 1)
         local ttl = tonumber(redis:command("PTTL", keys[1]):match(":(%-?%d+)"))
         assert.is_true(ttl > 0 and ttl <= 24 * 3600 * 1000, tostring(ttl))
+        up:program({ default = { status = 201, body = "once" } })
         assert.equal(201, assert(post(gw1.port, "/db3/pay", new_key(), "{}")).status)
         local _, out = H.run({ "redis-cli", "-p", tostring(redis.port), "-n", "3", "dbsize" })
         assert.equal("1", (out or ""):match("%d+"), out)
@@ -383,7 +390,7 @@ describe("the Redis idempotency store", function()
         local down = H.wait_until(function()
             local r = post(gw1.port, "/pay", new_key(), "{}")
             return r and r.status == 503 and r
-        end, 5)
+        end, 20)
         assert.truthy(down, ctx(gw1))
         assert.equal("application/problem+json", down.headers["content-type"])
         assert.equal("urn:ricochet:problem:idempotency-store-unavailable", problem_type(down))
@@ -416,7 +423,7 @@ describe("the Redis idempotency store", function()
         local later = H.wait_until(function()
             local x = post(gw1.port, "/pay", key, "{}")
             return x and x.status == 200 and x
-        end, 5)
+        end, 30)
         assert.truthy(later, ctx(gw1, "the key stayed locked"))
         local n = 0
         for _, hit in ipairs(up:hits({ bodies = false })) do
@@ -480,7 +487,7 @@ http {
         local first = H.wait_until(function()
             local r = post(gw.port, "/pay", key, "{}")
             return r and r.status == 200 and r
-        end, 5)
+        end, 20)
         assert.truthy(first, ctx(gw))
         assert.equal("true", repeat_post(gw.port, "/pay", key, "{}").headers["idempotent-replayed"], ctx(gw))
         assert.equal(1, #up:hits())

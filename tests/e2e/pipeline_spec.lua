@@ -36,6 +36,11 @@ http {
         server {{UPSTREAM}};
         keepalive 8;
     }
+    # no pooled connection: an attempt opens one, which the upstream counts
+    upstream fresh {
+        server {{UPSTREAM}};
+        keepalive 0;
+    }
     server {
         listen 127.0.0.1:{{PORT}};
         server_name a.test;
@@ -57,7 +62,7 @@ http {
             underscores_in_headers on;
         }
         location /stream/ {
-            proxy_pass http://backend;
+            proxy_pass http://fresh;
             retry_body_max 1k;
         }
     }
@@ -95,12 +100,15 @@ describe("the request pipeline", function()
         it("is logged as its attempt's class, client_body, and the client gets its 400", function()
             up:program({ default = { status = 200, body = "ok", delay_ms = 300 } })
             -- more than retry_body_max: streamed upstream as it comes; then a chunk size that is no number
+            local before = up:stats().connections
             local c = assert(H.connect(gw.port))
             assert(c:send("POST /stream/x HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
                 .. "800\r\n" .. ("x"):rep(2048) .. "\r\n"))
-            H.sleep(0.2) -- the attempt is under way, its upload streaming
+            -- the attempt is under way, its upload streaming: it has connected to the upstream
+            assert.truthy(H.wait_until(function() return up:stats().connections > before end, 20),
+                ctx(gw, "the attempt never connected"))
             assert(c:send("zz\r\n"))
-            local resp = c:read_response({ timeout = 5 })
+            local resp = c:read_response({ timeout = 20 })
             c:close()
             assert.truthy(resp, ctx(gw))
             assert.equal(400, resp.status)
@@ -249,13 +257,13 @@ describe("the request pipeline", function()
             up:program({ default = { status = 503, body = "busy" } })
             local conn = assert(H.connect(gw.port))
             assert(conn:send("GET /wait/x HTTP/1.1\r\nHost: a.test\r\n\r\n"))
-            assert.truthy(up:wait_hits(1, 3))
+            assert.truthy(#up:wait_hits(1, 20) == 1, ctx(gw))
             conn:close() -- the 3 s wait is pending
             local line = H.wait_until(function()
                 for _, l in ipairs(access_lines(gw)) do
                     if l.path == "/wait/x" then return l end
                 end
-            end, 3)
+            end, 15)
             assert.truthy(line, ctx(gw))
             assert.equal(499, line.status)
             assert.equal(1, #line.attempts)
@@ -304,7 +312,7 @@ describe("a worker at worker_connections", function()
             assert.equal(200, resp and resp.status, ctx(gw))
         end
         -- a fifth client is still served: an idle one made room
-        local resp, err = H.request(gw.port, { path = "/fifth", timeout = 3 })
+        local resp, err = H.request(gw.port, { path = "/fifth", timeout = 15 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
         local closed = 0
@@ -316,23 +324,25 @@ describe("a worker at worker_connections", function()
     end)
 
     it("answers with Connection: close while it is full of requests under way", function()
-        up:program({ routes = { ["/slow"] = { default = { status = 200, body = "slow", delay_ms = 1000 } } },
+        -- answers of 8 s: the fourth connection comes while the three are upstream, however busy the machine
+        up:reset()
+        up:program({ routes = { ["/slow"] = { default = { status = 200, body = "slow", delay_ms = 8000 } } },
             default = 200 })
         local busy = {}
         for i = 1, 3 do
             busy[i] = assert(H.connect(gw.port))
             assert(busy[i]:send("GET /slow HTTP/1.1\r\nHost: a.test\r\n\r\n"))
         end
-        assert.truthy(up:wait_hits(3, 3), ctx(gw))
+        assert.truthy(#up:wait_hits(3, 20) == 3, ctx(gw))
         -- the fourth connection fills the worker; nothing is idle: its answer closes it
         local c = assert(H.connect(gw.port))
-        local resp = assert(H.request(gw.port, { path = "/last", conn = c }))
+        local resp = assert(H.request(gw.port, { path = "/last", conn = c, timeout = 15 }))
         assert.equal(200, resp.status)
         assert.equal("close", (resp.headers["connection"] or ""):lower())
-        assert.truthy(c:closed(1))
+        assert.truthy(c:closed(5))
         c:close()
         for i = 1, 3 do
-            local r = busy[i]:read_response({ timeout = 5 })
+            local r = busy[i]:read_response({ timeout = 30 })
             assert.equal(200, r and r.status, ctx(gw))
             busy[i]:close()
         end

@@ -36,13 +36,16 @@ describe("concurrent reloads", function()
         H.write_file(gw.conf_path, render(gw, "two"))
         local cmd = H.shell_quote(gw.argv[1]) .. " -p " .. H.shell_quote(gw.prefix) .. " -c " .. H.shell_quote(gw.conf_path)
             .. " -s reload"
+        gw:wait_pid_file()
         local t0 = socket.gettime()
         local code, out = H.run("(" .. cmd .. " > " .. gw.prefix .. "/a.out 2>&1; echo A=$? >> " .. gw.prefix
             .. "/a.out) & (" .. cmd .. " > " .. gw.prefix .. "/b.out 2>&1; echo B=$? >> " .. gw.prefix .. "/b.out) & wait",
             { timeout = 75 })
         local took = socket.gettime() - t0
         local a, b = H.read_file(gw.prefix .. "/a.out") or "", H.read_file(gw.prefix .. "/b.out") or ""
-        assert.truthy(took < 10, ("took %.1f s\nA: %s\nB: %s\n%s"):format(took, a, b, gw:log()))
+        -- a reload that waited for its answer would take the 60 s of its own bound: half of it is far from
+        -- both that and what two reloads take on a busy machine
+        assert.truthy(took < 30, ("took %.1f s\nA: %s\nB: %s\n%s"):format(took, a, b, gw:log()))
         assert.matches("A=0", a, a .. gw:log())
         assert.matches("B=0", b, b .. gw:log())
     end)

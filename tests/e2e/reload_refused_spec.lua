@@ -10,8 +10,11 @@ function route.on_request(req)
     if req.path == "/count" then
         req:respond(200, {}, tostring(ricochet.shared("counts"):incr("hits", 1, 0)))
     elseif req.path == "/spin" then
-        local t = os.clock() + 0.2      -- 200 ms of CPU: fine under script_timeout 1s
-        while os.clock() < t do end
+        -- 100 ms of this process's CPU take at least 100 ms of wall time: 10 times the refused
+        -- config's 10ms, a hundredth of the running 10s however busy the machine. Each turn copies
+        -- 64 KB, so the loop is a few thousand instructions, far below the instruction bound.
+        local t = os.clock() + 0.1
+        while os.clock() < t do local _ = ("x"):rep(65536) end
         req:respond(200, {}, "spun")
     end
 end
@@ -24,7 +27,7 @@ error_log logs/error.log info;
 pid logs/ricochet.pid;
 http {
     lua_shared_dict counts 1m;
-    script_timeout 1s;
+    script_timeout 10s;
     upstream up { server {{UPSTREAM}}; }
     server {
         listen 127.0.0.1:{{PORT}};
@@ -87,7 +90,7 @@ describe("a refused reload", function()
 
     it("leaves script_timeout as the running config says in a replacement worker", function()
         refuse_then_respawn()
-        local r = H.request(gw.port, { path = "/spin" })
+        local r = H.request(gw.port, { path = "/spin", timeout = 30 })
         assert.equal(200, r and r.status, gw:log())
         assert.equal("spun", r.body, gw:log())
     end)

@@ -46,6 +46,7 @@ describe("a binary upgrade at its edges", function()
     local function pidfile() return gw.prefix .. "/logs/ricochet.pid" end
     local function pid_in_file() return tonumber(H.read_file(pidfile()) or "") end
     local function upgrade()
+        gw:wait_pid_file()
         return H.run({ H.bin(), "-p", gw.prefix, "-c", gw.conf_path, "-s", "upgrade" }, { timeout = 70 })
     end
     local function wrapper(body)
@@ -77,7 +78,8 @@ describe("a binary upgrade at its edges", function()
         local p2 = H.free_port()
         gw = H.start_gateway({ conf = CONF, upstream = up, bin = bindir .. "/ricochet", ports = { PORT2 = p2 },
             vars = { EXTRA = "listen 127.0.0.1:" .. p2 .. ";" } })
-        assert.equal(200, H.request(gw.port2, { path = "/a" }).status)
+        local r, err = H.request(gw.port2, { path = "/a", timeout = 20 })
+        assert.equal(200, r and r.status, ctx(gw, err))
         H.write_file(gw.conf_path, gw:render(CONF, { EXTRA = "" }))
         local code, out = upgrade()
         assert.equal(0, code, ctx(gw, out))

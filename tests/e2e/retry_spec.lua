@@ -118,6 +118,18 @@ http {
             retry_backoff 2s 2s jitter=none adaptive=off;
             proxy_pass http://one;
         }
+        # a backoff far longer than any deadline these specs give, so that waiting it is told apart
+        # from answering at once however busy the machine is
+        location /slower/ {
+            retry_backoff 20s 20s jitter=none adaptive=off;
+            proxy_pass http://one;
+        }
+        # an attempt that only the client's deadline can end early
+        location /late/ {
+            retry_timeout 25s;
+            per_try_timeout 20s;
+            proxy_pass http://one;
+        }
         location /deadline/ {
             retry_timeout 5s;
             per_try_timeout 2s;
@@ -142,14 +154,14 @@ http {
         }
         location /zero/ {
             retry_attempts 0;
-            retry_timeout 1s;
+            retry_timeout 3s;
             per_try_timeout 1s;
             retry_backoff 100ms 100ms jitter=none adaptive=off;
             proxy_pass http://one;
         }
         location /lastresp/ {
             retry_attempts 2;
-            per_try_timeout 500ms;
+            per_try_timeout 2s;
             proxy_pass http://one;
         }
         location /many/ {
@@ -380,15 +392,17 @@ describe("retries through one upstream", function()
     it("honours Retry-After: 1 on a 429 (attempts >= 0.9 s apart at the upstream)", function()
         up:program({ sequence = { { status = 429, headers = { ["Retry-After"] = "1" } } }, default = 200 })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/ra/secs", timeout = 8 })
+        local resp, err = H.request(gw.port, { path = "/ra/secs", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
         local hits = up:hits()
         assert.equal(2, #hits, ctx(gw))
         local gap = hits[2].time - hits[1].time
+        -- a timer never fires early: the lower bound is exact; the upper one only says it was not
+        -- retry_after_max (30 s), with room for a busy machine
         assert.is_true(gap >= 0.9, ("second attempt only %.3f s after the first"):format(gap))
-        assert.is_true(gap < 5, ("second attempt %.3f s after the first"):format(gap))
-        assert.is_true(now() - t0 < 6)
+        assert.is_true(gap < 10, ("second attempt %.3f s after the first"):format(gap))
+        assert.is_true(now() - t0 < 15)
         local e = access_entry(gw, "/ra/secs")
         assert.truthy(e, "no access log line")
         assert.equal(429, e.attempts[1].status)
@@ -398,37 +412,41 @@ describe("retries through one upstream", function()
     it("falls back to backoff for a Retry-After above retry_after_max", function()
         up:program({ sequence = { { status = 503, headers = { ["Retry-After"] = "3600" } } }, default = 200 })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/ra/huge", timeout = 5 })
+        local resp, err = H.request(gw.port, { path = "/ra/huge", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
         local hits = up:hits()
         assert.equal(2, #hits, ctx(gw))
+        -- the 20 ms backoff, not the hour nor retry_after_max (30 s): bounds far from both
         local gap = hits[2].time - hits[1].time
-        assert.is_true(gap < 2, ("second attempt %.3f s after the first"):format(gap))
-        assert.is_true(now() - t0 < 3)
+        assert.is_true(gap < 10, ("second attempt %.3f s after the first"):format(gap))
+        assert.is_true(now() - t0 < 15)
     end)
 
     it("falls back to backoff for an invalid Retry-After", function()
         up:program({ sequence = { { status = 503, headers = { ["Retry-After"] = "soon-ish" } } }, default = 200 })
-        local resp, err = H.request(gw.port, { path = "/ra/invalid", timeout = 5 })
+        local resp, err = H.request(gw.port, { path = "/ra/invalid", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
         local hits = up:hits()
         assert.equal(2, #hits, ctx(gw))
-        assert.is_true(hits[2].time - hits[1].time < 2)
+        assert.is_true(hits[2].time - hits[1].time < 10)
     end)
 
     it("honours a Retry-After HTTP-date (IMF-fixdate) in the near future", function()
-        local date = os.date("!%a, %d %b %Y %H:%M:%S GMT", os.time() + 2)
+        -- the retry is due at the named second: it goes no earlier (a timer never fires early), whenever the
+        -- first attempt got there on a busy machine
+        local at = os.time() + 3
+        local date = os.date("!%a, %d %b %Y %H:%M:%S GMT", at)
         up:program({ sequence = { { status = 503, headers = { ["Retry-After"] = date } } }, default = 200 })
-        local resp, err = H.request(gw.port, { path = "/ra/date", timeout = 8 })
+        local resp, err = H.request(gw.port, { path = "/ra/date", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
         local hits = up:hits()
         assert.equal(2, #hits, ctx(gw))
-        local gap = hits[2].time - hits[1].time
-        assert.is_true(gap >= 0.5, ("Retry-After %q: second attempt only %.3f s later"):format(date, gap))
-        assert.is_true(gap < 5, ("second attempt %.3f s later"):format(gap))
+        assert.is_true(hits[2].time >= at - 0.05,
+            ("Retry-After %q: second attempt %.3f s before it"):format(date, at - hits[2].time))
+        assert.is_true(hits[2].time - hits[1].time < 10, ("second attempt %.3f s later"):format(hits[2].time - hits[1].time))
     end)
 
     -- deadlines ---------------------------------------------------------------
@@ -436,13 +454,14 @@ describe("retries through one upstream", function()
     it("does not wait past a client deadline shorter than the first backoff", function()
         up:program({ default = { status = 503, body = "deadline-body\n" } })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/slow/x", headers = { ["X-Request-Timeout"] = "500" },
-            timeout = 6 })
+        local resp, err = H.request(gw.port, { path = "/slower/x", headers = { ["X-Request-Timeout"] = "500" },
+            timeout = 30 })
         local elapsed = now() - t0
         assert.truthy(resp, ctx(gw, err))
         assert.equal(503, resp.status)
         assert.equal("deadline-body\n", resp.body)
-        assert.is_true(elapsed < 1.5, ("the 503 took %.3f s"):format(elapsed))
+        -- the backoff is 20 s: half of it is still far from what a busy machine adds
+        assert.is_true(elapsed < 10, ("the 503 took %.3f s"):format(elapsed))
         H.sleep(0.2)
         local hits = up:hits()
         assert.equal(1, #hits, ctx(gw))
@@ -453,19 +472,20 @@ describe("retries through one upstream", function()
         assert.is_true(ms <= 500 and ms >= 0, "X-Request-Timeout upstream: " .. sent[1])
     end)
 
-    it("accepts a client deadline given as a duration (1.5s)", function()
+    it("accepts a client deadline given as a duration (1.9s)", function()
         up:program({ default = 503 })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/slow/dur", headers = { ["X-Request-Timeout"] = "1.5s" },
-            timeout = 6 })
+        local resp, err = H.request(gw.port, { path = "/slower/dur", headers = { ["X-Request-Timeout"] = "1.9s" },
+            timeout = 30 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(503, resp.status)
-        assert.is_true(now() - t0 < 1.9, "waited past a 1.5 s deadline")
+        assert.is_true(now() - t0 < 10, "waited for the 20 s backoff past a 1.9 s deadline")
         local hits = up:hits()
         assert.equal(1, #hits)
+        -- the fraction counts (1 s would be at most 1000), and the attempt may go out up to 0.9 s late
         local ms = tonumber(hv(hits[1], "X-Request-Timeout"))
         assert.truthy(ms)
-        assert.is_true(ms <= 1500 and ms > 1000, "X-Request-Timeout upstream: " .. tostring(ms))
+        assert.is_true(ms <= 1900 and ms > 1000, "X-Request-Timeout upstream: " .. tostring(ms))
     end)
 
     it("sends the remaining deadline upstream, decreasing, within retry_timeout", function()
@@ -577,40 +597,44 @@ describe("retries through one upstream", function()
         up:program({ sequence = { 503 }, default = 200 })
         local t0 = now()
         local resp, err = H.request(gw.port, { path = "/slow/room", headers = { ["X-Request-Timeout"] = "4000" },
-            timeout = 8 })
+            timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
         local hits = up:hits()
         assert.equal(2, #hits, ctx(gw))
         assert.is_true(hits[2].time - hits[1].time >= 1.9, "the 2 s backoff was not waited")
-        assert.is_true(now() - t0 < 4.5)
+        assert.is_true(now() - t0 < 10)
         local l1, l2 = tonumber(hv(hits[1], "X-Request-Timeout")), tonumber(hv(hits[2], "X-Request-Timeout"))
         assert.is_true(l1 <= 4000 and l2 <= 2000 and l2 > 0, ("deadline headers %s, %s"):format(l1, l2))
     end)
 
     it("answers at once when a Retry-After would end past the client deadline", function()
-        up:program({ sequence = { { status = 429, body = "slow down", headers = { ["Retry-After"] = "5" } } },
+        -- a wait of 20 s against a deadline of 10 s: answering at once is told apart from waiting out the
+        -- deadline by 5 s, more than a busy machine adds
+        up:program({ sequence = { { status = 429, body = "slow down", headers = { ["Retry-After"] = "20" } } },
             default = 200 })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/ra/past", headers = { ["X-Request-Timeout"] = "1000" },
-            timeout = 8 })
+        local resp, err = H.request(gw.port, { path = "/ra/past", headers = { ["X-Request-Timeout"] = "10000" },
+            timeout = 30 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(429, resp.status)
         assert.equal("slow down", resp.body)
-        assert.equal("5", resp.headers["retry-after"])
-        assert.is_true(now() - t0 < 0.9, "waited for nothing")
+        assert.equal("20", resp.headers["retry-after"])
+        assert.is_true(now() - t0 < 5, "waited for nothing")
         assert.equal(1, up:stats().hits)
     end)
 
     it("ends an attempt at the deadline: 504 promptly, not after the upstream's delay", function()
-        up:program({ default = { status = 200, delay_ms = 3000 } })
+        -- the upstream answers after 30 s and per_try_timeout is 20 s: only the 500 ms deadline ends it
+        -- within 10 s
+        up:program({ default = { status = 200, delay_ms = 30000 } })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/deadline/mid", headers = { ["X-Request-Timeout"] = "500" },
-            timeout = 8 })
+        local resp, err = H.request(gw.port, { path = "/late/mid", headers = { ["X-Request-Timeout"] = "500" },
+            timeout = 40 })
         local elapsed = now() - t0
         assert.truthy(resp, ctx(gw, err))
         assert.equal(504, resp.status)
-        assert.is_true(elapsed < 1.5, ("the 504 took %.3f s"):format(elapsed))
+        assert.is_true(elapsed < 10, ("the 504 took %.3f s"):format(elapsed))
         assert.equal(1, up:stats().hits)
     end)
 
@@ -623,21 +647,23 @@ describe("retries through one upstream", function()
         assert.equal(2, #hits)
         local ms = tonumber(hv(hits[1], "X-Request-Timeout"))
         assert.truthy(ms, "the client's invalid value went upstream: " .. tostring(hv(hits[1], "X-Request-Timeout")))
-        assert.is_true(ms <= 5000 and ms > 4000)
+        -- the location's 5 s (not the default 30 s), the first attempt sent up to 2.5 s late on a busy machine
+        assert.is_true(ms <= 5000 and ms > 2500, "X-Request-Timeout upstream: " .. ms)
     end)
 
     it("retry_attempts 0 retries until retry_timeout runs out", function()
         up:program({ default = { status = 503, body = "still down" } })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/zero/x", timeout = 6 })
+        local resp, err = H.request(gw.port, { path = "/zero/x", timeout = 20 })
         local elapsed = now() - t0
         assert.truthy(resp, ctx(gw, err))
         assert.equal(503, resp.status)
         assert.equal("still down", resp.body)
-        assert.is_true(elapsed < 1.6, ("took %.3f s with retry_timeout 1s"):format(elapsed))
+        assert.is_true(elapsed < 8, ("took %.3f s with retry_timeout 3s"):format(elapsed))
         local n = up:stats().hits
-        -- 100 ms between attempts within 1 s: about 10
-        assert.is_true(n >= 5 and n <= 11, ("%d attempts"):format(n))
+        -- at least 100 ms between attempts within 3 s: at most 31 (timers never fire early); past the
+        -- default 3 attempts by far, even when a busy machine makes each attempt take several times longer
+        assert.is_true(n >= 5 and n <= 31, ("%d attempts"):format(n))
     end)
 
     it("replays a body that spilled to a temp file, byte for byte", function()
@@ -716,8 +742,8 @@ describe("retries through one upstream", function()
     -- DESIGN §1.5 / REFERENCE "Retries": "only when no response arrived at all does the gateway answer itself"
     it("gives the client the upstream's 503 when the retry after it times out", function()
         up:program({ sequence = { { status = 503, body = "first-503", headers = { ["X-Mark"] = "a1" } },
-            { status = 200, delay_ms = 2000 } }, default = 200 })
-        local resp, err = H.request(gw.port, { path = "/lastresp/timeout", timeout = 6 })
+            { status = 200, delay_ms = 30000 } }, default = 200 })
+        local resp, err = H.request(gw.port, { path = "/lastresp/timeout", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(2, up:stats().hits)
         assert.equal(503, resp.status, "the gateway answered " .. resp.status .. " although the upstream's 503 arrived")
@@ -727,7 +753,7 @@ describe("retries through one upstream", function()
 
     it("gives the client the upstream's 503 when the retry after it is reset", function()
         up:program({ sequence = { { status = 503, body = "first-503" }, { reset = "before_head" } }, default = 200 })
-        local resp, err = H.request(gw.port, { path = "/lastresp/reset", timeout = 6 })
+        local resp, err = H.request(gw.port, { path = "/lastresp/reset", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(2, up:stats().hits)
         assert.equal(503, resp.status, "the gateway answered " .. resp.status .. " although the upstream's 503 arrived")
@@ -737,7 +763,7 @@ describe("retries through one upstream", function()
     it("keeps a chunked 503 that arrives in pieces and passes it on when the retry gets no response", function()
         up:program({ sequence = { { status = 503, body_size = 6000, chunked = true, chunk_size = 1000,
             chunk_delay_ms = 30, headers = { ["X-Mark"] = "kept" } }, { reset = "before_head" } }, default = 200 })
-        local resp, err = H.request(gw.port, { path = "/lastresp/chunked", timeout = 6 })
+        local resp, err = H.request(gw.port, { path = "/lastresp/chunked", timeout = 20 })
         assert.truthy(resp, ctx(gw, err))
         assert.equal(2, up:stats().hits)
         assert.equal(503, resp.status)
@@ -753,20 +779,22 @@ describe("retries through one upstream", function()
 
     -- A 503 whose body stalls half-way: the gateway may read it to keep it, but never past the deadline.
     it("does not wait past the deadline while reading a retried response's stalled body", function()
-        up:program({ sequence = { { status = 503, body_size = 20000, chunk_size = 10000, chunk_delay_ms = 8000 } },
+        up:program({ sequence = { { status = 503, body_size = 20000, chunk_size = 10000, chunk_delay_ms = 30000 } },
             default = { status = 200, body = "late" } })
         local t0 = now()
         local resp, err = H.request(gw.port, { path = "/slow/stall", headers = { ["X-Request-Timeout"] = "2500" },
-            timeout = 12 })
+            timeout = 40 })
         local elapsed = now() - t0
         assert.truthy(resp, ctx(gw, err))
         local hits = up:hits()
-        -- the 2 s backoff fits the 2.5 s deadline once; a retry sent later than the deadline is a broken promise
-        assert.is_true(elapsed < 3.5, ("answered after %.3f s with a 2.5 s deadline (status %d, %d attempts)")
+        -- the 2 s backoff fits the 2.5 s deadline once; a retry sent later than the deadline is a broken promise.
+        -- The body stalls for 30 s: an answer within 10 s did not wait for it.
+        assert.is_true(elapsed < 10, ("answered after %.3f s with a 2.5 s deadline (status %d, %d attempts)")
             :format(elapsed, resp.status, #hits))
         if hits[2] then
-            assert.is_true(hits[2].time - hits[1].time < 2.5, "attempt 2 was sent after the deadline")
-            assert.is_true(tonumber(hv(hits[2], "X-Request-Timeout")) > 0, "attempt 2 had no time left")
+            -- the time left the gateway wrote as it sent the attempt (never below 0): the upstream's own
+            -- clock would add the way there, which a busy machine can stretch
+            assert.is_true(tonumber(hv(hits[2], "X-Request-Timeout")) > 0, "attempt 2 was sent after the deadline")
         end
     end)
 
@@ -783,7 +811,7 @@ describe("retries through one upstream", function()
             assert(conns[i]:send(H.build_request(gw.port, { path = "/conc/" .. i })))
         end
         for i = 1, n do
-            local resp, err = conns[i]:read_response({ timeout = 5 })
+            local resp, err = conns[i]:read_response({ timeout = 15 })
             conns[i]:close()
             assert.truthy(resp, ctx(gw, ("request %d: %s"):format(i, tostring(err))))
             assert.equal(200, resp.status)
@@ -873,7 +901,7 @@ describe("retries past refused connections", function()
 
     setup(function()
         up = H.start_upstream()
-        dead = H.free_ports(2)
+        dead = H.dead_ports(2)
         gw = H.start_gateway({ conf = REFUSING, upstream = up,
             vars = { DEAD1 = dead[1], DEAD2 = dead[2] } })
     end)
@@ -942,7 +970,8 @@ http {
         listen 127.0.0.1:{{PORT}};
         retry_attempts 3;
         retry_backoff 10ms 20ms;
-        per_try_timeout 500ms;
+        # a hundred times what a loopback answer takes, so that only a silent server times out
+        per_try_timeout 2s;
         location / {
             proxy_pass http://two;
         }
@@ -1006,11 +1035,11 @@ describe("retries across two servers", function()
         up1:program({ sequence = { { silent = true } }, default = { status = 200, body = "one" } })
         up2:program({ sequence = { { silent = true } }, default = { status = 200, body = "two" } })
         local t0 = now()
-        local resp, err = H.request(gw.port, { path = "/pertry", timeout = 8 })
+        local resp, err = H.request(gw.port, { path = "/pertry", timeout = 30 })
         local elapsed = now() - t0
         assert.truthy(resp, ctx(gw, err))
         assert.equal(200, resp.status)
-        assert.is_true(elapsed >= 0.9 and elapsed < 4, ("took %.3f s"):format(elapsed))
+        assert.is_true(elapsed >= 3.9 and elapsed < 15, ("took %.3f s"):format(elapsed))
         local list = by_attempt()
         assert.equal(3, #list, ctx(gw))
         assert.are_not.equal(list[1].server, list[2].server)
@@ -1025,7 +1054,7 @@ describe("retries across two servers", function()
         assert.are_not.equal(e.attempts[1].server, e.attempts[2].server)
         -- each timed-out attempt lasted about per_try_timeout
         for i = 1, 2 do
-            assert.is_true(e.attempts[i].duration >= 0.4 and e.attempts[i].duration < 2,
+            assert.is_true(e.attempts[i].duration >= 1.9 and e.attempts[i].duration < 8,
                 "attempt " .. i .. " duration " .. tostring(e.attempts[i].duration))
         end
     end)
@@ -1072,16 +1101,20 @@ describe("the retry budget", function()
         up:program({ default = { status = 503, body = "outage\n" } })
         local conn = assert(H.connect(gw.port))
         local n, got503 = 40, 0
+        local t0 = now()
         for i = 1, n do
             local resp, err = H.request(gw.port, { path = "/outage/" .. i, conn = conn })
             assert.truthy(resp, ctx(gw, ("request %d: %s"):format(i, tostring(err))))
             if resp.status == 503 and resp.body == "outage\n" then got503 = got503 + 1 end
         end
         conn:close()
+        local windows = math.ceil((now() - t0) / 10)
         assert.equal(n, got503, "every client gets the upstream's 503")
         local hits = up:stats().hits
-        -- without a budget: 40 * 5 = 200; with it: 40 + max(10% of 40, 1/s * 10 s) = 50
-        assert.is_true(hits <= 55, ("the upstream saw %d requests for %d client requests"):format(hits, n))
+        -- without a budget: 40 * 5 = 200; with it: 40 + max(10% of 40, 1/s * 10 s) = 50 in each 10 s window
+        -- the requests took (one, unless the machine is very busy: the floor refills with time)
+        assert.is_true(hits <= n + 10 * windows + 5,
+            ("the upstream saw %d requests for %d client requests in %d windows"):format(hits, n, windows))
         assert.is_true(hits > n, "no retries at all: the budget floor (min=1/s) allows 10")
     end)
 end)

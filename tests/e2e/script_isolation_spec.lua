@@ -135,6 +135,9 @@ local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     access_log logs/access.log;
     upstream up { server {{UPSTREAM}}; retry_budget off; }
     server {
@@ -223,7 +226,7 @@ describe("two route scripts in one worker", function()
     end)
 
     it("gives each request its own ctx, the same table from on_request through classify to on_log", function()
-        up:program({ default = { status = 201, body = "ok", delay_ms = 150 } })
+        up:program({ default = { status = 201, body = "ok", delay_ms = 1000 } })
         -- 12 requests of two tenants in flight at once, so their hooks interleave in the one worker
         local conns = {}
         for i = 1, 12 do
@@ -241,7 +244,7 @@ describe("two route scripts in one worker", function()
         local ok = H.wait_until(function()
             local _, n = gw:log():gsub("ctx%-check", "")
             return n >= 12
-        end, 5)
+        end, 15)
         assert.truthy(ok, ctx(gw, "on_log did not run 12 times"))
         local n = 0
         for path, tenant, seen, status in gw:log():gmatch("ctx%-check (/c/%S+) (%S+) (%S+) (%S+)") do
@@ -259,7 +262,7 @@ describe("two route scripts in one worker", function()
                 if e.path and e.path:match("^/c/") then entries[#entries + 1] = e end
             end
             return #entries >= 12
-        end, 5)
+        end, 15)
         for _, e in ipairs(entries) do
             assert.same({ tenant = e.path:match("^/c/(%a)%-"), attempts = 1, cached = true,
                 bad_name_refused = true, table_refused = true }, e.script, H.json.encode(e))
@@ -281,7 +284,7 @@ describe("two route scripts in one worker", function()
                 if e.not_retried == "key_without_contract" then reasons = reasons + 1 end
             end
             return reasons >= 2
-        end, 5)
+        end, 15)
         assert.equal(2, reasons, H.json.encode(H.access_entries(gw, "/k/pay")))
         local _, warnings = gw:log():gsub('has no idempotency_key on|auto, so its unsafe requests are not retried: '
             .. 'add "idempotency_key on;"', "")
@@ -303,7 +306,7 @@ describe("two route scripts in one worker", function()
             for _, e in ipairs(H.access_entries(gw)) do
                 if e.id == id then return true end
             end
-        end, 5)
+        end, 15)
         assert.truthy(found, "no access log line with id " .. id)
     end)
 
@@ -335,7 +338,7 @@ describe("two route scripts in one worker", function()
         local logged = H.wait_until(function()
             local e = H.access_entries(gw, "/r/x")[1]
             return e and e.script
-        end, 5)
+        end, 15)
         assert.same({ served_by = "ricochet", upstream_only = "nil", keep = "1", status = 201 }, logged)
         -- a hook that tries a framing field fails: the answer goes as the upstream sent it
         up:program({ default = { status = 200, headers = { ["X-Break"] = "1", ["X-Upstream-Only"] = "kept" },

@@ -57,6 +57,9 @@ local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     access_log logs/access.log;
     script_memory_max 16m;
     upstream up { server {{UPSTREAM}}; retry_budget off; }
@@ -96,7 +99,7 @@ describe("on_response on every answer", function()
         H.write_file(dir .. "/never.lua", NEVER)
         H.write_file(dir .. "/keeper.lua", KEEPER)
         gw = H.start_gateway({ conf = CONF, upstream = up,
-            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", KEEPER = dir .. "/keeper.lua", STORE = dir .. "/idem.mdb", DEAD = H.free_port() } })
+            vars = { SCRIPT = dir .. "/script.lua", NEVER = dir .. "/never.lua", KEEPER = dir .. "/keeper.lua", STORE = dir .. "/idem.mdb", DEAD = H.dead_port() } })
     end)
 
     teardown(function()

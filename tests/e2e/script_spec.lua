@@ -78,6 +78,9 @@ local CONF = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     upstream up { server {{UPSTREAM}}; retry_budget off; }
     server {
         listen 127.0.0.1:{{PORT}};
@@ -188,7 +191,7 @@ describe("a route script", function()
         assert.equal(1, #up:hits())
         assert.truthy(H.wait_until(function()
             return gw:log():find("asked to retry a request that is not replay-safe: refused", 1, true)
-        end, 3), ctx(gw))
+        end, 15), ctx(gw))
     end)
 
     it("sends a key derived in on_request with every attempt, and it makes the POST retryable", function()
@@ -244,7 +247,7 @@ describe("a route script", function()
         assert.is_nil(hv(hits[1], "X-Script"), "edits of a failed on_request were kept")
         assert.truthy(H.wait_until(function()
             return gw:log():find("route.lua:14: on purpose", 1, true)
-        end, 3), ctx(gw))
+        end, 15), ctx(gw))
     end)
 
     it("stops a hook that never returns, and serves the request", function()
@@ -259,7 +262,7 @@ describe("a route script", function()
         assert.equal(418, resp.status)
         assert.truthy(H.wait_until(function()
             return gw:log():find("route.lua:19: classify returned \"sideways\"", 1, true)
-        end, 3), ctx(gw))
+        end, 15), ctx(gw))
     end)
 
     it("calls on_log after the exchange", function()
@@ -267,7 +270,7 @@ describe("a route script", function()
         assert(H.request(gw.port, { path = "/logged" }))
         assert.truthy(H.wait_until(function()
             return gw:log():find("route.lua:31: on_log /logged 200 1", 1, true)
-        end, 3), ctx(gw))
+        end, 15), ctx(gw))
     end)
 
     it("computes digests as the test kit does (OpenSSL), and UUIDs", function()
@@ -310,7 +313,7 @@ describe("a route script", function()
         assert.equal(299, resp.status)
         assert.truthy(H.wait_until(function()
             return gw:log():find("req:set_idempotency_key can only be called in on_request", 1, true)
-        end, 3), ctx(gw))
+        end, 15), ctx(gw))
     end)
 
     it("answers a 204 without a body or a length, and refuses a 204 with a body", function()
@@ -382,6 +385,9 @@ local EXAMPLES = [[
 worker_processes 1;
 error_log logs/error.log info;
 http {
+    # far above what these hooks take, however busy the machine (the bound counts wall time);
+    # script_bounds_spec tests the bound
+    script_timeout 1s;
     upstream up { server {{UPSTREAM}}; retry_budget off; }
     server {
         listen 127.0.0.1:{{PORT}};
