@@ -10,9 +10,7 @@ local now = socket.gettime
 
 local CHROMIUM = os.getenv("CHROMIUM") or "/usr/bin/chromium"
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 -- One request to the gateway's admin listener (PORT2 in every config here).
 local function admin(gw, path, req)

@@ -6,9 +6,7 @@ package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local json = require("cjson")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local entries = H.entries
 

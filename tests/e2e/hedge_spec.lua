@@ -8,9 +8,7 @@ package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local json = require("cjson")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local function logged(gw, prefix, n)
     return H.wait_until(function() return #H.entries(gw, prefix) >= n or nil end, 10)

@@ -55,6 +55,26 @@ local function read_file(path)
 end
 H.read_file = read_file
 
+-- A gateway's error log for an assertion's message, after what extra says.
+function H.context(gw, extra)
+    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
+end
+
+-- A process's resident memory (/proc/PID/status VmRSS), in KiB, or nil when it is gone.
+function H.rss_kib(pid)
+    local s = read_file("/proc/" .. pid .. "/status")
+    return s and tonumber(s:match("VmRSS:%s*(%d+)"))
+end
+
+-- Whether the binary under test is an AddressSanitizer build: its allocator keeps freed memory in
+-- quarantine, so only a plain build can show memory given back.
+function H.sanitized()
+    local f = assert(io.open(H.bin(), "rb"))
+    local yes = f:read("*a"):find("__asan_", 1, true) ~= nil
+    f:close()
+    return yes
+end
+
 local function write_file(path, data)
     local f = assert(io.open(path, "wb"))
     assert(f:write(data))

@@ -9,9 +9,7 @@ package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local lfs = require("lfs")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local I = require("idem_helpers")
 local function new_key() return I.new_key("dmg") end

@@ -6,9 +6,7 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local I = require("idem_helpers")
 local problem_type = I.problem_type

@@ -7,9 +7,7 @@ local H = require("helpers")
 local json = require("cjson")
 local socket = require("socket")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 ---------------------------------------------------------------------------
 -- Prometheus text -> { [series key] = value }, the key being name{label="value",...} with labels sorted by name,

@@ -6,9 +6,7 @@ local socket = require("socket")
 
 local json = H.json
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local hit_values = H.hit_values
 

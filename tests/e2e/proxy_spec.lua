@@ -29,10 +29,7 @@ local function hit_has(hit, name)
     return #hit_values(hit, name) > 0
 end
 
-local function rss_kb(pid)
-    local s = H.read_file("/proc/" .. pid .. "/status") or ""
-    return tonumber(s:match("VmRSS:%s+(%d+) kB"))
-end
+local rss_kb = H.rss_kib
 
 local function read_lines(path)
     local s = H.read_file(path) or ""
@@ -76,9 +73,7 @@ local function start_gw(conf, opts)
 end
 
 -- A gateway log that fails a test shows up in its message.
-local function ctx(gw, extra)
-    return (extra and (extra .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 ---------------------------------------------------------------------------
 -- one gateway and upstream shared by the plain proxying tests
@@ -864,9 +859,11 @@ http {
     it("refuses new connections once SIGQUIT has begun a graceful stop", function()
         local g = start_gw([[
 worker_processes 1;
-http { upstream backend { server {{UPSTREAM}}; } server { listen 127.0.0.1:{{PORT}}; location / { proxy_pass http://backend; } } }
+http { upstream backend { server {{UPSTREAM}}; } server { listen 127.0.0.1:{{PORT}};
+    per_try_timeout 60s; retry_timeout 120s; location / { proxy_pass http://backend; } } }
 ]], { upstream = up })
-        -- the answer takes 10 s: the listener is looked at while the request is upstream
+        -- the answer takes 10 s: the listener is looked at while the request is upstream; the
+        -- attempt's and the request's bounds are 6 and 12 times that, so only the answer ends it
         up:program({ default = { status = 200, body = "slow", delay_ms = 10000 } })
         local conn = assert(H.connect(g.port))
         assert(conn:send("GET /in-flight HTTP/1.1\r\nHost: a\r\n\r\n"))

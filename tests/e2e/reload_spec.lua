@@ -4,9 +4,7 @@ package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 local socket = require("socket")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 -- Two generations of one config: what the upstream sees says which one answered.
 local CONF = [[
@@ -273,10 +271,7 @@ describe("a reload that changes a script, an upstream's servers and a retry poli
 end)
 
 -- /proc/PID/status VmRSS, in KiB.
-local function rss_kib(pid)
-    local s = H.read_file("/proc/" .. pid .. "/status") or ""
-    return tonumber(s:match("VmRSS:%s*(%d+)"))
-end
+local rss_kib = H.rss_kib
 
 describe("fifty reloads", function()
     it("leave the master's memory, and a new worker's, where ten left them", function()

@@ -47,9 +47,7 @@ local function hit_body(hit)
     return hit.body or ""
 end
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 -- Access log entries (decoded) of one request path, in order.
 local function access_entries(gw, path)

@@ -70,9 +70,7 @@ http {
 }
 ]]
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local function status_kb(pid, field)
     local text = H.read_file("/proc/" .. pid .. "/status") or ""
@@ -85,12 +83,7 @@ local function reset_peak(pid)
     if f then f:write("5"); f:close() end
 end
 
-local function sanitized()
-    local f = assert(io.open(H.bin(), "rb"))
-    local yes = f:read("*a"):find("__asan_", 1, true) ~= nil
-    f:close()
-    return yes
-end
+local sanitized = H.sanitized
 
 describe("what a script makes the gateway copy", function()
     local up, gw, dir, worker

@@ -36,9 +36,7 @@ http {
 }
 ]]
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 describe("the script API's smaller findings", function()
     local up, gw, dir

@@ -5,9 +5,7 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local HOSTILE = [[
 local route = {}
@@ -86,13 +84,7 @@ http {
 
 local sdir = H.mkdtemp("bounds")
 
-local function rss_kb(pid)
-    local f = io.open("/proc/" .. pid .. "/status", "r")
-    if not f then return nil end
-    local text = f:read("*a")
-    f:close()
-    return tonumber(text:match("VmRSS:%s*(%d+)"))
-end
+local rss_kb = H.rss_kib
 
 local TIME_BOUND = { SCRIPT = sdir .. "/hostile.lua", TIMEOUT = "" }
 local MEMORY_BOUND = { SCRIPT = sdir .. "/hostile.lua", TIMEOUT = "script_timeout 60s;" }
@@ -191,11 +183,7 @@ describe("a hostile route script", function()
         assert.equal(3, before, ctx(gwm, "each bomb stopped by memory, none by time"))
         assert.is_nil(gwm:log():find("ran longer than a hook may", 1, true), ctx(gwm))
         local after = assert(rss_kb(worker_m))
-        -- AddressSanitizer's allocator keeps freed memory in quarantine: only a plain build can show it back
-        local f = assert(io.open(H.bin(), "rb"))
-        local sanitized = f:read("*a"):find("__asan_", 1, true) ~= nil
-        f:close()
-        if not sanitized then
+        if not H.sanitized() then
             assert.truthy(after - base < 10 * 1024, ("worker RSS %d KiB before, %d KiB after"):format(base, after))
         end
     end)

@@ -5,9 +5,7 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 local TAMPER = [[
 local route = {}

@@ -5,25 +5,11 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
-local function rss_kb(pid)
-    local f = io.open("/proc/" .. pid .. "/status", "r")
-    if not f then return nil end
-    local text = f:read("*a")
-    f:close()
-    return tonumber(text:match("VmRSS:%s*(%d+)"))
-end
+local rss_kb = H.rss_kib
 
--- AddressSanitizer's allocator keeps freed memory in quarantine: only a plain build can show it back
-local function sanitized()
-    local f = assert(io.open(H.bin(), "rb"))
-    local yes = f:read("*a"):find("__asan_", 1, true) ~= nil
-    f:close()
-    return yes
-end
+local sanitized = H.sanitized
 
 local SCRIPT = [[
 local cjson = require("cjson")

@@ -46,9 +46,7 @@ http {
 }
 ]]
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 -- every spelling of /P/admin/users a client could send
 local function spellings(p)

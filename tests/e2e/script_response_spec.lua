@@ -77,9 +77,7 @@ http {
 }
 ]]
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 -- The "script" object of the access log line of the request to path (the last one).
 local function logged(gw, path)

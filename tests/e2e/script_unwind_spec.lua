@@ -6,9 +6,7 @@
 package.path = "tests/e2e/?.lua;" .. package.path
 local H = require("helpers")
 
-local function ctx(gw, extra)
-    return (extra and (tostring(extra) .. "\n") or "") .. "gateway log:\n" .. (gw and gw:log() or "?")
-end
+local ctx = H.context
 
 -- Each attack nests its callbacks 20 deep before the bound stops it: a sandbox that forgets to count them back
 -- down is past its 50 after three stops, and every later string.format of the state fails.
@@ -87,20 +85,9 @@ http {
 }
 ]]
 
-local function rss_kb(pid)
-    local f = io.open("/proc/" .. pid .. "/status", "r")
-    if not f then return nil end
-    local text = f:read("*a")
-    f:close()
-    return tonumber(text:match("VmRSS:%s*(%d+)"))
-end
+local rss_kb = H.rss_kib
 
-local function sanitized()
-    local f = assert(io.open(H.bin(), "rb"))
-    local yes = f:read("*a"):find("__asan_", 1, true) ~= nil
-    f:close()
-    return yes
-end
+local sanitized = H.sanitized
 
 local function count(text, plain)
     local n, from = 0, 1
