@@ -271,9 +271,11 @@ static void
 arm_try_timer(ric_attempt_t *u)
 {
     ric_request_t *r = u->r;
-    int64_t ms = ric_min(r->settings->per_try_timeout,
-                         ric_max(r->deadline_ms - ric_now_ms(), (int64_t) 1));
+    int64_t left = ric_max(r->deadline_ms - ric_now_ms(), (int64_t) 1);
+    int64_t ms = ric_min(r->settings->per_try_timeout, left);
     struct timeval tv = ric_ms_to_tv(ms);
+
+    u->timer_is_deadline = ms == left;
 
     event_add(&u->try_timer, &tv);
 }
@@ -858,7 +860,11 @@ attempt_done(ric_attempt_t *u, unsigned class, int err, const char *what)
     in.replay_safe = r->replay_safe;
     in.key_no_contract = r->key_no_contract;
     in.body_replayable = r->body_replayable;
-    in.now_ms = now;
+    /* a try timer that was the deadline's is the deadline, though
+     * libevent's cached, coarse clock may ring it a millisecond or two
+     * before ours reaches it: no retry is sent into what is left */
+    in.now_ms = class == RIC_CLASS_TIMEOUT && u->timer_is_deadline ? ric_max(now, r->deadline_ms)
+                                                                   : now;
     in.deadline_ms = r->deadline_ms;
     in.response_started = r->responding; /* an answer already under way is never taken back */
     if (class == RIC_CLASS_STATUS) {

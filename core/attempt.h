@@ -24,6 +24,7 @@ struct ric_attempt_s {
     int classified;      /* the route script's word on its outcome (RIC_CLASSIFY_*) */
     int failed;          /* its outcome counted as a failure (health, the budget) */
     int hedge;           /* 1: sent as the hedge of the first attempt (retry_hedge) */
+    int timer_is_deadline; /* try_timer ends at the request's deadline, not per_try_timeout */
     int recycled;        /* freed, and kept for a next attempt (attempt.c) */
     ric_http1_t client;  /* the exchange with the upstream server (last: ric_http1_init
                           * clears it, attempt_new the rest) */

@@ -254,6 +254,7 @@ ric_worker_run(ric_conf_t *conf)
     static const int sigs[] = { SIGTERM, SIGINT, SIGQUIT, SIGUSR1 };
     ric_worker_t *w = ric_xcalloc(1, sizeof(*w));
     ric_listener_t *ls;
+    struct event_config *cfg;
     sigset_t blocked;
     size_t i, n = 0;
 
@@ -263,7 +264,18 @@ ric_worker_run(ric_conf_t *conf)
      * the dictionaries ricochet.shared names */
     ric_script_limits(conf);
     ric_shared_dict_declare(conf->http ? conf->http->shared_dicts : NULL);
-    w->base = event_base_new();
+    /* libevent's timers run on CLOCK_MONOTONIC_COARSE unless told: a
+     * jiffy behind ours, a backoff, a Retry-After or the per-try timer
+     * at the deadline rang up to a jiffy before its time by the clock
+     * the rest of the gateway reads (a retry sent 2 ms before the
+     * Retry-After it honours, an attempt cut just short of the deadline
+     * and retried into what was left) */
+    cfg = event_config_new();
+    if (cfg != NULL) {
+        event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
+        w->base = event_base_new_with_config(cfg);
+        event_config_free(cfg);
+    }
     if (w->base == NULL) {
         ric_log_error(RIC_LOG_EMERG, 0, "event_base_new() failed");
         return 1;
