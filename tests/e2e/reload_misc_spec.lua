@@ -34,6 +34,10 @@ describe("reload hazards", function()
     after_each(function() gw:stop(); up:stop() end)
 
     it("keeps the master's fds flat over 20 reloads and leaves no zombie", function()
+        -- counted once the start is over: the master opens its pid file (and holds it) after it listens,
+        -- and start_gateway returns once it listens
+        gw:wait_pid_file()
+        assert.truthy(H.wait_until(function() return #gw:workers() == 2 end, 20), gw:log())
         local before = fds(gw.pid)
         for i = 1, 20 do
             local code, out = gw:reload(CONF, { GEN = "g" .. i })
