@@ -228,6 +228,13 @@ check_target(ric_http_msg_t *m, const u_char *buf)
         return RIC_OK;
     }
 
+    /* a fragment is the client's own (RFC 9112 §3.2 has none in a
+     * request-target): "/admin#" would match no location written "/admin"
+     * and reach an upstream that cuts it there */
+    if (memchr(t, '#', n) != NULL) {
+        return RIC_ERROR;
+    }
+
     if (t[0] == '/') {
         return RIC_OK;
     }

@@ -768,6 +768,7 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     MDB_txn *txn;
     MDB_envinfo info;
     struct timeval tv;
+    sigset_t all, mask;
     int rc, dead, reserved;
 
     s->base.kind = RIC_IDEM_STORE_LMDB;
@@ -823,8 +824,17 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
         return &s->base; /* the master's check: no loop, no thread */
     }
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s->efd == -1 || pthread_create(&s->thread, NULL, flusher, s) != 0) {
+    if (s->efd == -1) {
         rc = errno;
+        goto failed;
+    }
+    /* the flusher takes no signal: every one is the worker's loop's, and
+     * the script alarm's handler must run on the thread that runs Lua */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &mask);
+    rc = pthread_create(&s->thread, NULL, flusher, s);
+    pthread_sigmask(SIG_SETMASK, &mask, NULL);
+    if (rc != 0) {
         goto failed;
     }
     s->thread_started = 1;

@@ -164,6 +164,9 @@ return function(B)
         if body ~= nil then check_string(body, "req:respond's body", 2) end
         local list, seen = {}, {}
         for name, value in pairs(headers or {}) do
+            -- counted here, not after: this library is compiled, and no hook stops a compiled loop
+            -- over a table as large as the script could make it
+            if #list == 200 then error("req:respond: at most 100 fields", 2) end
             check_string(name, "a req:respond header name", 2)
             if type(value) == "number" then value = tostring(value) end
             check_string(value, "a req:respond header value", 2)

@@ -168,6 +168,16 @@ safe_table.concat = timed(table.concat)
 safe_table.foreach, safe_table.foreachi = nil, nil
 local safe_tostring = bounded(tostring, "tostring")
 
+-- os.date hands its whole format to one strftime, which no hook interrupts, and glibc's %s reads the
+-- time zone file at each one (a million of them held a worker for seconds): a format is at most 256 bytes.
+local real_date = os.date
+local function safe_date(format, time)
+    if type(format) == "string" and #format > 256 then
+        raw_error("os.date: a format is at most 256 bytes", 2)
+    end
+    return real_date(format, time)
+end
+
 -- The gateway's objects (req, res, attempt) are read-only but for their writable fields: rawset, which
 -- would pass their guard, refuses them.
 local raw_rawset, raw_getmetatable = rawset, getmetatable
@@ -213,7 +223,7 @@ local function prepare(path, ricochet, bundled_dir, sources, json)
         end,
         -- every library table is the script's own copy: what one script changes, no other sees
         string = copy(safe_string), table = copy(safe_table), math = copy(math), bit = copy(require("bit")),
-        os = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime },
+        os = { time = os.time, clock = os.clock, date = safe_date, difftime = os.difftime },
         ricochet = copy(ricochet),
     }
     env._G = env

@@ -551,6 +551,7 @@ function kit.request(t)
         target = path .. (query ~= "" and "?" .. query or "")
     end
     local normal, why = kit.normalize_path(path)
+    if target:find("#", 1, true) then normal, why = nil, "a fragment: no request target has one" end
     if not normal then
         error(("kit.request: the gateway answers 400 to the path %q (%s)"):format(path, why), 2)
     end

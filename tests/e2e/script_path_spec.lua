@@ -156,11 +156,12 @@ describe("what the script sees is what is routed", function()
         assert.same({ path = "/g/log/one", target = target }, entry.script)
     end)
 
-    it("answers 400, upstream untouched, to a path above the root, an encoded '/', NUL or backslash", function()
+    it("answers 400, upstream untouched, to a path above the root, an encoded '/', NUL, backslash or '#'", function()
         local before = up:stats().hits
         for _, target in ipairs({ "/../x", "/g/../../x", "/g/%2e%2e/%2E%2E/x", "http://anything/../g/x",
                                   "/g/admin%2Fusers", "/g%2fadmin/users", "/g/a%00", "/g/%zz", "/g\\admin/users",
-                                  "/g/admin\\users" }) do
+                                  "/g/admin\\users", "/g/admin#", "/g/admin/users#x", "/g/x?a=#",
+                                  "http://anything#/g/admin/users" }) do
             local resp = raw_get(gw, target)
             assert.equal(400, resp.status, ctx(gw, target))
         end

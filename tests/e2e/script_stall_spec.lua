@@ -46,6 +46,14 @@ attacks["/sort-costly-comparator"] = function()
     table.sort(t, function(a, b) return a .. "" < b .. "" end)
 end
 -- loops whose every instruction costs milliseconds
+-- one strftime over a million conversions (glibc reads the time zone file for each %s)
+attacks["/os-date"] = function() return os.date(("%s"):rep(1000000)) end
+-- a header table far past respond's 100 fields, walked by the compiled library, which no hook stops
+attacks["/respond-fields"] = function(req)
+    local h = {}
+    for i = 1, 2000 do h["x-" .. i] = "v" end
+    req:respond(200, h, "x")
+end
 attacks["/sha256"] = function()
     local s, h = ("x"):rep(8000000), ricochet.sha256
     for _ = 1, 100000 do h(s) end
@@ -88,7 +96,7 @@ end
 function route.on_request(req)
     if req.path == "/digests" then req:set_header("X-Digests", digests()) end
     local attack = attacks[req.path]
-    if attack then attack() end
+    if attack then attack(req) end
     req:set_header("X-Script-Ran", "yes")
 end
 return route
@@ -200,6 +208,18 @@ describe("a route script stalled in a call the count hook cannot interrupt", fun
         local r = assert(H.request(gw.port, { method = "GET", path = "/digests", timeout = 30 }))
         assert.equal(200, r.status)
         assert.same({ kit_digests() }, H.hit_values(up:hits()[1], "X-Digests"), ctx(gw))
+    end)
+
+    it("refuses an os.date format over 256 bytes and a respond over 100 fields before doing the work", function()
+        for path, why in pairs({ ["/os-date"] = "os.date: a format is at most 256 bytes",
+                                 ["/respond-fields"] = "req:respond: at most 100 fields" }) do
+            up:reset()
+            local r = assert(H.request(gw.port, { method = "GET", path = path, timeout = 30 }))
+            assert.equal(200, r.status, ctx(gw, path))
+            assert.same({}, H.hit_values(up:hits()[1], "X-Script-Ran"), ctx(gw, path))
+            assert.truthy(gw:log():find(why, 1, true), ctx(gw, path))
+            assert.same({ worker }, gw:workers(), ctx(gw, path .. ": the worker changed"))
+        end
     end)
 
     for _, path in ipairs({
