@@ -300,7 +300,14 @@ spawn_worker(ric_conf_t *conf, worker_slot_t *slot, int index, int64_t gen, ric_
         close_others(conf);
         signal(SIGHUP, SIG_IGN);
         signal(SIGPIPE, SIG_IGN);
+        /* the stop signals stay held until the worker's loop has its
+         * handlers (ric_worker_run): a SIGTERM the master sends a worker
+         * still starting must stop it gracefully, not kill it */
         sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGQUIT);
+        sigaddset(&set, SIGUSR1);
         sigprocmask(SIG_SETMASK, &set, NULL);
         ric_metrics_worker_begin(index, gen); /* its shard of the counters, its gauges */
         ric_watchdog_worker_begin(watched);   /* its heartbeat */

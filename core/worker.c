@@ -293,10 +293,13 @@ ric_worker_run(ric_conf_t *conf)
                 event_new(w->base, ls->fd, EV_READ | EV_PERSIST, on_accept, ls);
         }
     }
+    sigemptyset(&blocked);
     for (i = 0; i < ric_nelems(sigs); i++) {
         w->signals[i] = evsignal_new(w->base, sigs[i], on_signal, w);
         event_add(w->signals[i], NULL);
+        sigaddset(&blocked, sigs[i]);
     }
+    sigprocmask(SIG_UNBLOCK, &blocked, NULL); /* held since the fork (process.c) */
     w->shutdown_timer = evtimer_new(w->base, on_shutdown_timeout, w);
     w->upstreams = ric_upstream_init_all(conf, w->base);
     /* empty pipes kept for spliced bodies: one for every eighth connection
