@@ -559,4 +559,27 @@ end }
         assert.has_error(function() second:set("huge", ("s"):rep(257)) end,
             "ctx:set: a string value is at most 256 bytes")
     end)
+
+    it("refuses what the gateway refuses before doing the work: a long os.date format, a respond over 100 fields", function()
+        local route = kit.load(write("refusals.lua", [[
+return { on_request = function(req)
+    if req.path == "/date" then return os.date(("%s"):rep(300)) end
+    if req.path == "/date-ok" then req:set_header("X-Year", os.date("!%Y", 0)) return end
+    local h = {}
+    for i = 1, 101 do h["x-" .. i] = "v" end
+    req:respond(200, h, "x")
+end }
+]]))
+        assert.has_error(function() route.on_request(kit.request{ path = "/date" }) end)
+        local ok, err = pcall(route.on_request, kit.request{ path = "/date" })
+        assert.is_false(ok)
+        assert.matches("os.date: a format is at most 256 bytes", err, 1, true)
+        local req = kit.request{ path = "/date-ok" }
+        route.on_request(req)
+        assert.equal("1970", kit.upstream(req)["x-year"])
+        ok, err = pcall(route.on_request, kit.request{ path = "/fields" })
+        assert.is_false(ok)
+        assert.matches("req:respond: at most 100 fields", err, 1, true)
+        assert.has_error(function() kit.request{ target = "/admin#" } end)
+    end)
 end)
