@@ -153,22 +153,14 @@ over_bound(void)
            || ric_now_exact_us() > call_deadline_us;
 }
 
-/* The clock checked after a library call that can run long (and inside
- * the JSON module's), so a hook is stopped at its bound, not after the
- * next instructions: raises the stop past it. */
-static void
-check_bound(lua_State *l)
-{
-    if (call_running && over_bound()) {
-        stop_now(l);
-    }
-}
-
-/* sandbox.lua's guard */
+/* sandbox.lua's guard: the clock checked after a library call that can
+ * run long, so a hook is stopped at its bound, not after the next
+ * instructions (deadline_over and deadline_stop, handed to
+ * script_deadline.c, which the JSON module reads the same way). */
 static int
 l_guard(lua_State *l)
 {
-    check_bound(l);
+    ric_script_deadline_check(l);
     return 0;
 }
 
@@ -481,7 +473,7 @@ state_init(char *err, size_t errlen)
     }
     luaL_openlibs(L);
     /* cjson and cjson.safe are ours: what they allocate is the state's */
-    ric_script_json_open(L, check_bound);
+    ric_script_json_open(L);
     /* the strings' metatable reaches the real string table from any
      * script: sandbox.lua bounds what is there (rep, gsub, ...) */
     lua_pushcfunction(L, l_traceback);

@@ -4,7 +4,7 @@
 #include <stddef.h>
 
 /* script.c, which bounds hook calls, sits above the C code that reads
- * this (script_match.c, script_api.c): it hands its two functions down
+ * this (script_match.c, script_api.c, script_json.c): it hands its two functions down
  * here rather than being called back by name. */
 
 volatile sig_atomic_t ric_script_expired;
@@ -23,6 +23,14 @@ int
 ric_script_deadline_passed(void)
 {
     return ric_script_expired && over_fn != NULL && over_fn();
+}
+
+void
+ric_script_deadline_check(lua_State *L)
+{
+    if (over_fn != NULL && over_fn()) {
+        stop_fn(L);
+    }
 }
 
 void

@@ -23,6 +23,12 @@ void ric_script_deadline_init(int (*over)(void), void (*stop)(lua_State *L));
  * kit's states or a state's own setup). */
 int ric_script_deadline_passed(void);
 
+/* Reads the clock now and stops the running hook call (no return) when it
+ * is past one of its bounds, whether or not the alarm rang: for a long C
+ * call that looks every few thousand steps and at its end
+ * (script_json.c). Nothing without script.c (a unit test, the fuzzer). */
+void ric_script_deadline_check(lua_State *L);
+
 /* Stops the running hook call (no return). Only after
  * ric_script_deadline_passed said 1. */
 void ric_script_deadline_stop(lua_State *L);

@@ -1,5 +1,6 @@
 /* script_json.c: cjson and cjson.safe for route scripts, built on the state's allocator and clock. */
 #include "script_json.h"
+#include "script_deadline.h"
 
 #include <lauxlib.h>
 #include <limits.h>
@@ -41,7 +42,6 @@ typedef struct {
     int keep_buffer;    /* accepted for cjson's sake: nothing is ever kept */
 } cfg_t;
 
-static ric_script_json_guard_pt json_guard;
 
 static const char *const bool_options[] = { "off", "on", NULL };
 static const char *const invalid_options[] = { "off", "on", "null", NULL };
@@ -204,9 +204,7 @@ tick(lua_State *L, int *budget, int units)
     *budget -= units;
     if (*budget <= 0) {
         *budget = CHECK_EVERY;
-        if (json_guard != NULL) {
-            json_guard(L);
-        }
+        ric_script_deadline_check(L);
     }
 }
 
@@ -674,9 +672,7 @@ l_decode(lua_State *L)
             rc = expected(&d, "the end", &t);
         }
     }
-    if (json_guard != NULL) {
-        json_guard(L);
-    }
+    ric_script_deadline_check(L);
     if (rc != 0) {
         lua_settop(L, 0);
         return fail(L, safe, d.msg);
@@ -1056,9 +1052,7 @@ l_encode(lua_State *L)
         lua_pushlstring(L, e.data, e.len);                     /* ..., text */
     }
     heap_release(&e);
-    if (json_guard != NULL) {
-        json_guard(L);
-    }
+    ric_script_deadline_check(L);
     if (rc != 0) {
         lua_settop(L, 0);
         return fail(L, safe, e.msg);
@@ -1118,9 +1112,8 @@ push_module(lua_State *L, int safe)
 }
 
 void
-ric_script_json_open(lua_State *L, ric_script_json_guard_pt guard)
+ric_script_json_open(lua_State *L)
 {
-    json_guard = guard;
     luaL_newmetatable(L, BUFFER_META);                         /* mt */
     lua_pushcfunction(L, l_heap_gc);
     lua_setfield(L, -2, "__gc");

@@ -12,17 +12,13 @@
  * holes have no memory behind them in the table. */
 #define RIC_JSON_ARRAY_MAX 16777216
 
-/* The clock check a long call makes every few thousand values and at
- * its end: returns when the hook is within its bound, else raises the
- * stop (a Lua error); NULL: none (a test, the fuzzer). */
-typedef void (*ric_script_json_guard_pt)(lua_State *L);
-
 /* Makes package.loaded.cjson and package.loaded["cjson.safe"] of L this
  * module: lua-cjson 2.1.0's functions and output for ordinary values, with
  * everything it allocates in L's allocator (counted by script_memory_max,
  * collected after an error: nothing outside L holds memory), no setting
- * that makes a call unbounded, and guard called as it runs. Raises a Lua
+ * that makes a call unbounded, and the hook's bound read as it runs
+ * (ric_script_deadline_check, every few thousand values and at the end). Raises a Lua
  * error only when memory runs out (call it protected, or at start). */
-void ric_script_json_open(lua_State *L, ric_script_json_guard_pt guard);
+void ric_script_json_open(lua_State *L);
 
 #endif

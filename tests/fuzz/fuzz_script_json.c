@@ -46,7 +46,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (L == NULL) {
         L = luaL_newstate();
         luaL_openlibs(L);
-        ric_script_json_open(L, NULL);
+        ric_script_json_open(L);
         if (luaL_loadstring(L, check) != 0 || lua_pcall(L, 0, 1, 0) != 0) {
             ric_assert(!"the check does not load");
         }

@@ -40,13 +40,19 @@ test_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 static int guard_calls;
 static int guard_stop_after = -1;
 
-static void
-test_guard(lua_State *L)
+/* script.c's side of script_deadline.c, counted: each look at the clock,
+ * and a stop once guard_stop_after looks have passed */
+static int
+test_over(void)
 {
     guard_calls++;
-    if (guard_stop_after >= 0 && guard_calls > guard_stop_after) {
-        luaL_error(L, "stopped: it ran longer than a hook may");
-    }
+    return guard_stop_after >= 0 && guard_calls > guard_stop_after;
+}
+
+static void
+test_stop(lua_State *L)
+{
+    luaL_error(L, "stopped: it ran longer than a hook may");
 }
 
 /* Runs chunk (a function of (real, ours, real_safe, ours_safe) returning
@@ -258,7 +264,7 @@ test_same_as_cjson(void)
     }
     lua_setfield(L, LUA_REGISTRYINDEX, "real_safe");
     lua_setfield(L, LUA_REGISTRYINDEX, "real");
-    ric_script_json_open(L, NULL);
+    ric_script_json_open(L);
     (void) luaL_dostring(L, "return require('cjson'), require('cjson.safe')");
     lua_setfield(L, LUA_REGISTRYINDEX, "ours_safe");
     lua_setfield(L, LUA_REGISTRYINDEX, "ours");
@@ -302,7 +308,7 @@ test_memory(void)
     const char *err;
     size_t base;
 
-    ric_script_json_open(L, NULL);
+    ric_script_json_open(L);
     run(L, "big = ('x'):rep(1048576) many = {} for i = 1, 200 do many[i] = big end "
            "local parts = {} for i = 1, 10 do "
            "  parts[i] = '[\"' .. ('\\\\n'):rep(400000) .. i .. '\",{\"a\":[1,2,3]}]' end "
@@ -360,7 +366,7 @@ test_settings(void)
     lua_State *L = new_state(&b);
     const char *err;
 
-    ric_script_json_open(L, NULL);
+    ric_script_json_open(L);
     UNIT_CASE("depth settings past 1000 are refused");
     err = run(L, "return require('cjson').decode_max_depth(1001)");
     UNIT_CHECK(err != NULL && strstr(err, "expected integer between 1 and 1000") != NULL);
@@ -396,7 +402,8 @@ test_guard_called(void)
     const char *err;
     size_t base;
 
-    ric_script_json_open(L, test_guard);
+    ric_script_json_open(L);
+    ric_script_deadline_init(test_over, test_stop);
     run(L, "text = '[' .. ('1,'):rep(100000) .. '1]' value = require('cjson').decode(text)");
     base = collected(L, &b);
 
@@ -430,6 +437,7 @@ test_guard_called(void)
     err = run(L, "local c = require('cjson') for i = 1, 10 do c.decode('[1]') c.encode({}) end");
     UNIT_CHECK(err == NULL);
     UNIT_CHECK_INT(guard_calls, 20);
+    ric_script_deadline_init(NULL, NULL);
     lua_close(L);
 }
 
