@@ -8,7 +8,7 @@ set -eu
 pkgs_build="gcc make pkg-config libc6-dev libluajit2-5.1-dev luajit2 libevent-dev libssl-dev liblmdb-dev libhiredis-dev libsystemd-dev"
 # lua-cjson: the demo upstream (run) and the test kit (test); the gateway's JSON is its own
 pkgs_run="luajit2 lua-socket lua-cjson curl"
-pkgs_test="lua-busted lua-socket lua-cjson procps redis-server openssl curl chromium prometheus python3-prometheus-client"
+pkgs_test="lua-busted lua-socket lua-cjson procps redis-server faketime openssl curl chromium prometheus python3-prometheus-client"
 pkgs_fuzz="clang libclang-rt-14-dev"
 pkgs_bench="wrk apache2-utils nginx haproxy procps luajit2 lua-socket curl strace linux-perf libnginx-mod-http-ndk libnginx-mod-http-lua lua-resty-core lua-resty-lrucache redis-server openssl"
 

@@ -20,6 +20,12 @@ ric_idem_wall_ms(void)
     return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + ric_idem_wall_skew_ms;
 }
 
+int
+ric_idem_lock_lapsed(int64_t lock_expires)
+{
+    return ric_idem_wall_ms() >= lock_expires;
+}
+
 void
 ric_idem_put64(u_char *p, uint64_t v)
 {
@@ -276,7 +282,7 @@ ric_idem_backlog_take(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc)
 {
     ric_idem_pending_t *p = backlog_shift(b);
 
-    if (p != NULL && p->rec != NULL && ric_idem_wall_ms() >= p->lock_expires) {
+    if (p != NULL && p->rec != NULL && ric_idem_lock_lapsed(p->lock_expires)) {
         ric_idem_settle_lost(sc, p->key, 0, "goes after its lock lapsed: a repeat that came "
                              "in between may have run the request again");
     }

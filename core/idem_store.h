@@ -281,6 +281,11 @@ void ric_idem_lmdb_close(ric_idem_store_t *s);
 int64_t ric_idem_wall_ms(void);
 extern int64_t ric_idem_wall_skew_ms;
 
+/* Whether a lock whose expires field (as idem.c hands it to a settle, its
+ * lock_expires) says it lapsed by now: the one place that reads the clock
+ * locks are timed by. */
+int ric_idem_lock_lapsed(int64_t lock_expires);
+
 /* Big-endian helpers for the record's fields. */
 void ric_idem_put64(u_char *p, uint64_t v);
 uint64_t ric_idem_get64(const u_char *p);
