@@ -128,13 +128,12 @@ digest_piece(void *ctx, const u_char *p, size_t n)
 }
 
 ric_body_digest_t *
-ric_body_digest_new(const ric_body_t *held)
+ric_body_digest_new(void)
 {
     ric_body_digest_t *d = ric_xcalloc(1, sizeof(*d));
 
     d->ctx = EVP_MD_CTX_new();
-    if (d->ctx == NULL || EVP_DigestInit_ex(d->ctx, EVP_sha256(), NULL) != 1
-        || (held != NULL && ric_body_each(held, digest_piece, d->ctx) != RIC_OK)) {
+    if (d->ctx == NULL || EVP_DigestInit_ex(d->ctx, EVP_sha256(), NULL) != 1) {
         ric_body_digest_free(d);
         return NULL;
     }
@@ -145,6 +144,12 @@ void
 ric_body_digest_add(ric_body_digest_t *d, const u_char *p, size_t n)
 {
     EVP_DigestUpdate(d->ctx, p, n);
+}
+
+int
+ric_body_digest_add_body(ric_body_digest_t *d, const ric_body_t *held)
+{
+    return ric_body_each(held, digest_piece, d->ctx);
 }
 
 int

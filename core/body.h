@@ -37,12 +37,15 @@ int ric_body_each(const ric_body_t *b, void (*fn)(void *ctx, const u_char *p, si
  * bytes that are never held whole. */
 typedef struct ric_body_digest_s ric_body_digest_t;
 
-/* A digest that has taken in the held part of a body (NULL: none); NULL
- * when OpenSSL cannot make one, or the held part cannot be read. */
-ric_body_digest_t *ric_body_digest_new(const ric_body_t *held);
+/* An empty digest; NULL when OpenSSL cannot make one. */
+ric_body_digest_t *ric_body_digest_new(void);
 
 /* Takes in n more bytes. */
 void ric_body_digest_add(ric_body_digest_t *d, const u_char *p, size_t n);
+
+/* Takes in every byte of a held body. RIC_OK, or RIC_ERROR when its file
+ * cannot be read. */
+int ric_body_digest_add_body(ric_body_digest_t *d, const ric_body_t *held);
 
 /* The digest of every byte taken in (32 bytes into out). RIC_OK or RIC_ERROR. */
 int ric_body_digest_final(ric_body_digest_t *d, u_char *out);

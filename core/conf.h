@@ -179,6 +179,9 @@ struct ric_location_conf_s {
     const char *proxy_pass_file;
     int proxy_pass_line;
     char *label;                   /* its metrics' route: "SERVER PATH" (metrics.c) */
+    char *idem_route;              /* what tells its idempotency records from another route's
+                                    * of the same server_name and path (idem_route.h); NULL:
+                                    * no other has them */
     ric_route_metrics_t *metrics;  /* in the shared zone; NULL: not counted */
     ric_location_conf_t *next;
 };

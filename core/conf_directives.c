@@ -4,6 +4,7 @@
 #include "tls_server.h"
 #include "idem.h"
 #include "idem_store.h"
+#include "idem_route.h"
 #include "script.h"
 #include "shared_dict.h"
 #include "backoff.h"
@@ -2636,6 +2637,7 @@ ric_conf_finish(ric_conf_parse_t *cf)
         snprintf(cf->err, cf->errlen, "%s", reason);
         return ric_conf_reported;
     }
+    ric_idem_route_names(c->http, cf->pool);
     if (ric_tls_server_setup(c, cf->pool, cf->err, cf->errlen) != RIC_OK) {
         return ric_conf_reported;
     }

@@ -11,6 +11,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdio.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define KEY_MAX_LEN 255 /* as Stripe's keys: longer is a client's mistake */
@@ -176,7 +177,11 @@ new_token(u_char *token)
 
 /* The client's part of the record key (idempotency_scope): every value
  * of the field (Authorization by default), or the client's address. A
- * request without one has none, as before scopes: its key is the route's. */
+ * request without the default Authorization takes every Cookie value
+ * instead: a client that signs in by cookie must not share one key space
+ * with every other such client, whose answers (their Set-Cookie too)
+ * would be its replays. A request with neither has no scope, as before
+ * scopes: its key is the route's. */
 static void
 digest_scope(ric_request_t *r, EVP_MD_CTX *ctx)
 {
@@ -184,6 +189,7 @@ digest_scope(ric_request_t *r, EVP_MD_CTX *ctx)
     const ric_http_msg_t *m = r->msg;
     ric_str_t want, name, value;
     unsigned i;
+    int found = 0;
 
     if (scope == NULL || scope[0] == '\0') {
         return;
@@ -201,24 +207,58 @@ digest_scope(ric_request_t *r, EVP_MD_CTX *ctx)
             value = ric_field_value(r->c->in, m, i);
             EVP_DigestUpdate(ctx, "\0field", 7);
             EVP_DigestUpdate(ctx, value.data, value.len);
+            found = 1;
+        }
+    }
+    if (found || strcasecmp(scope, "Authorization") != 0) {
+        return; /* another FIELD names its own clients: without it, none */
+    }
+    for (i = 0; i < m->nfields; i++) {
+        if (ric_str_eq_lower(ric_field_name(r->c->in, m, i), "cookie")) {
+            value = ric_field_value(r->c->in, m, i);
+            EVP_DigestUpdate(ctx, "\0cookie", 8);
+            EVP_DigestUpdate(ctx, value.data, value.len);
         }
     }
 }
 
-/* The record's key: the route (the server's first name and the location),
+/* The head of a request's fingerprint: its method and target, each ended
+ * by a NUL; the body's bytes follow, held or streamed alike. */
+static void
+fingerprint_head(const ric_request_t *r, void (*put)(void *ctx, const u_char *p, size_t n),
+                 void *ctx)
+{
+    const ric_http_msg_t *m = r->msg;
+    ric_str_t method = ric_request_span(r, m->method_off, m->method_len);
+    ric_str_t target = ric_request_span(r, m->target_off, m->target_len);
+
+    put(ctx, method.data, method.len);
+    put(ctx, (const u_char *) "", 1);
+    put(ctx, target.data, target.len);
+    put(ctx, (const u_char *) "", 1);
+}
+
+static void
+body_digest_piece(void *ctx, const u_char *p, size_t n)
+{
+    ric_body_digest_add(ctx, p, n);
+}
+
+/* The record's key: the route (the server's first name, the location and,
+ * when another route has those two, what tells them apart: idem_route.h),
  * the client's scope and its key, so that routes never share records, nor
- * clients answers. The
- * fingerprint: method, target and body, as the draft asks. */
+ * clients answers. The fingerprint: method, target and body, as the draft
+ * asks; a streamed body's is taken as it passes (ric_idem_body_digest),
+ * the same digest as a held body's, so raising or lowering
+ * retry_body_max never turns a repeat into a 422. */
 static int
 digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
 {
     static EVP_MD_CTX *ctx;
     static EVP_MD *sha256;
-    const ric_http_msg_t *m = r->msg;
     const ric_server_conf_t *s = r->server;
-    ric_str_t method = ric_request_span(r, m->method_off, m->method_len);
-    ric_str_t target = ric_request_span(r, m->target_off, m->target_len);
     const char *name = s->nnames > 0 ? s->names[0] : "";
+    const char *route = r->location->idem_route;
     int rc = RIC_ERROR;
 
     if (ctx == NULL) {
@@ -232,29 +272,34 @@ digest(ric_request_t *r, ric_idem_t *d, ric_str_t key)
     EVP_DigestUpdate(ctx, name, strlen(name) + 1);
     EVP_DigestUpdate(ctx, r->location->path, strlen(r->location->path) + 1);
     EVP_DigestUpdate(ctx, r->location->exact ? "=" : "~", 1);
+    if (route != NULL) {
+        /* a key never begins with a NUL: no key of a route alone under
+         * its name is one of these */
+        EVP_DigestUpdate(ctx, "", 1);
+        EVP_DigestUpdate(ctx, route, strlen(route) + 1);
+    }
     EVP_DigestUpdate(ctx, key.data, key.len);
     digest_scope(r, ctx);
-    if (EVP_DigestFinal_ex(ctx, d->key, NULL) != 1
-        || EVP_DigestInit_ex(ctx, sha256, NULL) != 1) {
+    if (EVP_DigestFinal_ex(ctx, d->key, NULL) != 1) {
         goto done;
     }
-    EVP_DigestUpdate(ctx, method.data, method.len);
-    EVP_DigestUpdate(ctx, "", 1);
-    EVP_DigestUpdate(ctx, target.data, target.len);
-    EVP_DigestUpdate(ctx, "", 1);
     if (r->body_mode == RIC_REQ_BODY_STREAM) {
-        /* too large to hold (retry_body_max): its bytes' digest, taken as
-         * they stream through, once the last of them passed */
-        if (!r->body_digested) {
+        /* too large to hold (retry_body_max): known once the last of its
+         * bytes passed */
+        d->fp_pending = !r->body_digested;
+        if (d->fp_pending) {
             memset(d->fp, 0, sizeof(d->fp));
-            d->fp_pending = 1;
-            rc = RIC_OK;
-            goto done;
+        } else {
+            memcpy(d->fp, r->body_sha, sizeof(d->fp));
         }
-        d->fp_pending = 0;
-        EVP_DigestUpdate(ctx, "streamed sha256 ", 16);
-        EVP_DigestUpdate(ctx, r->body_sha, sizeof(r->body_sha));
-    } else if (ric_body_each(&r->body, digest_piece, ctx) != RIC_OK) {
+        rc = RIC_OK;
+        goto done;
+    }
+    if (EVP_DigestInit_ex(ctx, sha256, NULL) != 1) {
+        goto done;
+    }
+    fingerprint_head(r, digest_piece, ctx);
+    if (ric_body_each(&r->body, digest_piece, ctx) != RIC_OK) {
         goto done;
     }
     if (EVP_DigestFinal_ex(ctx, d->fp, NULL) == 1) {
@@ -569,16 +614,29 @@ unreadable:
     return decide(r, d);
 }
 
-int
-ric_idem_digests(const ric_request_t *r)
+ric_body_digest_t *
+ric_idem_body_digest(const ric_request_t *r)
 {
     const ric_idem_store_conf_t *sc = r->location ? r->location->refs.idempotency_store : NULL;
+    ric_body_digest_t *bd;
 
     /* the body streams before on_request runs: a route script may still
      * say an idempotent method's request is not (req.idempotent = false) */
-    return sc != NULL && sc->kind != RIC_IDEM_STORE_OFF
-           && (!ric_retry_method_idempotent((int) r->msg->method)
-               || r->location->refs.script != NULL);
+    if (sc == NULL || sc->kind == RIC_IDEM_STORE_OFF
+        || (ric_retry_method_idempotent((int) r->msg->method)
+            && r->location->refs.script == NULL)) {
+        return NULL;
+    }
+    bd = ric_body_digest_new();
+    if (bd == NULL) {
+        return NULL;
+    }
+    fingerprint_head(r, body_digest_piece, bd);
+    if (ric_body_digest_add_body(bd, &r->body) != RIC_OK) {
+        ric_body_digest_free(bd);
+        return NULL;
+    }
+    return bd;
 }
 
 int

@@ -3,6 +3,7 @@
 #define RIC_IDEM_H
 
 #include "ric_core.h"
+#include "body.h"
 
 /* The idempotency phase (request.c). For a request that is not
  * idempotent by method and carries a key (the client's, or its script's):
@@ -15,10 +16,14 @@
  * failure. RIC_OK, RIC_AGAIN (the store answers later) or RIC_DONE. */
 int ric_idem_phase(ric_request_t *r);
 
-/* Whether a body that streams through (too large to hold) needs its
- * digest taken as it passes: the route has a store, and the method is
- * unsafe or a route script may say so. */
-int ric_idem_digests(const ric_request_t *r);
+/* For a body that begins to stream through (too large to hold): the
+ * running digest of the request's fingerprint, its method and target and
+ * the body's held part taken in, that the body's every other byte goes
+ * into as it passes (the same SHA-256 a held body's fingerprint is). Owned
+ * by the caller (ric_body_digest_free). NULL when the request needs none
+ * (no store, or an idempotent method and no route script to say
+ * otherwise), or when it cannot be made. */
+ric_body_digest_t *ric_idem_body_digest(const ric_request_t *r);
 
 /* The names of idempotency_store_failure's values. */
 #define RIC_IDEM_FAIL_CLOSED 0

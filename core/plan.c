@@ -6,6 +6,8 @@
 #include "budget.h"
 #include "retry.h"
 
+#include <strings.h>
+
 #define PLAN_UNBOUNDED_SHOWN 10 /* retries listed when retry_attempts is 0 */
 #define PLAN_LISTED 20          /* longer schedules list this many, then the last */
 
@@ -25,7 +27,7 @@ fmt_ms(int64_t ms, char *buf, size_t size)
 
 /* The location's idempotency store, when it has one. */
 static void
-print_idempotency(const ric_location_conf_t *l, FILE *out)
+print_idempotency(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
 {
     const ric_http_settings_t *st = &l->settings;
     const ric_idem_store_conf_t *sc = l->refs.idempotency_store;
@@ -49,6 +51,12 @@ print_idempotency(const ric_location_conf_t *l, FILE *out)
             st->idempotency_required ? "; a request without a key gets 400" : "",
             st->idempotency_key == RIC_IDEMPOTENCY_OFF ? "; sent POSTs are not retried (idempotency_key off)"
                                                 : "");
+    fprintf(out, "  idempotency records keyed by: server_name \"%s\", location %s%s",
+            s->nnames > 0 ? s->names[0] : "", l->exact ? "= " : "", l->path);
+    if (l->idem_route != NULL) {
+        fprintf(out, ", %s (another route has that server_name and location)", l->idem_route);
+    }
+    fprintf(out, "; the client's scope; the key\n");
     scope = l->refs.idempotency_scope;
     if (scope == NULL || scope[0] == '\0') {
         fprintf(out, "  idempotency scope: off (every client of the route shares one key space)\n");
@@ -56,7 +64,10 @@ print_idempotency(const ric_location_conf_t *l, FILE *out)
         fprintf(out, "  idempotency scope: $remote_addr (a key is the client address's own)\n");
     } else {
         fprintf(out, "  idempotency scope: the %s field, hashed, when sent (clients with another "
-                "%s never see each other's answers)\n", scope, scope);
+                "%s never see each other's answers)%s\n", scope, scope,
+                strcasecmp(scope, "Authorization") == 0
+                    ? "; without it, every Cookie field, hashed; without both, none"
+                    : "; without it, none");
     }
     fprintf(out, "  idempotency: answers not stored (the key is released):");
     for (i = 100; i < 500 && l->refs.idempotency_release != NULL; i++) {
@@ -166,7 +177,7 @@ print_route(const ric_server_conf_t *s, const ric_location_conf_t *l, FILE *out)
         fprintf(out, "  warning: %d of the %d retries can never happen within retry_timeout; "
                 "lower retry_attempts or retry_backoff, or raise retry_timeout\n", never, shown);
     }
-    print_idempotency(l, out);
+    print_idempotency(s, l, out);
     fprintf(out, "\n");
 }
 

@@ -319,9 +319,11 @@ stream_begin(ric_request_t *r, int chunked)
     r->body_mode = RIC_REQ_BODY_STREAM;
     ric_upload_init(&r->upload, chunked, ric_body_size(&r->body));
     for (i = r->phase + 1; i < p->nphases; i++) {
-        if (p->phases[i].wants_digest != NULL && p->phases[i].wants_digest(r)) {
-            r->body_digest = ric_body_digest_new(&r->body);
-            break;
+        if (p->phases[i].body_digest != NULL) {
+            r->body_digest = p->phases[i].body_digest(r);
+            if (r->body_digest != NULL) {
+                break;
+            }
         }
     }
 }

@@ -22,9 +22,10 @@
 typedef struct {
     int (*run)(ric_request_t *r);
     unsigned flags;
-    /* Whether the phase, later, needs a streamed body's SHA-256 (asked
-     * when the body begins to stream). */
-    int (*wants_digest)(const ric_request_t *r);
+    /* The running SHA-256 the phase, later, needs of a streamed body
+     * (asked when the body begins to stream), seeded as it wants and the
+     * held part taken in; NULL: none. */
+    ric_body_digest_t *(*body_digest)(const ric_request_t *r);
     /* More of a streamed body was staged (or it ended): every phase's. */
     void (*upload_kick)(ric_request_t *r);
     /* The running phase's: the client's body broke (an answer follows). */
@@ -112,7 +113,8 @@ struct ric_request_s {
     int upload_paused;   /* the client waits for the stage to drain */
     int upload_unwanted; /* the upstream answered: the rest is dropped */
     ric_body_digest_t *body_digest; /* a streamed body's running SHA-256, when the
-                                     * idempotency phase needs its fingerprint */
+                                     * idempotency phase needs its fingerprint
+                                     * (seeded by the phase's body_digest) */
     int body_digested;   /* ...it took in every byte: body_sha holds it */
     u_char body_sha[32];
     int body_drop;       /* a streamed body is only digested (the request is
