@@ -239,6 +239,35 @@ test_idempotency(void)
                 "\"closed\" or \"open\"");
     check_error("off with options", "http {\n idempotency_store off size=1m;\n}\n", 2,
                 "\"idempotency_store off\" takes no options");
+
+    UNIT_CASE("routes told apart in record keys only where they share a name and location");
+    snprintf(text, sizeof(text),
+             "http {\n idempotency_store lmdb:%s/r.mdb size=2m;\n"
+             " server { listen 127.0.0.1:3; listen 127.0.0.1:1;\n"
+             "  location /p { proxy_pass http://127.0.0.1:2; }\n"
+             "  location /q { proxy_pass http://127.0.0.1:2; } }\n"
+             " server { listen 127.0.0.1:1; location /p { proxy_pass http://127.0.0.1:5; } }\n"
+             " server { listen 127.0.0.1:1; listen 127.0.0.1:3;\n"
+             "  location /p { proxy_pass http://127.0.0.1:4; }\n"
+             "  location = /q { proxy_pass http://127.0.0.1:4; } }\n"
+             " server { server_name x; listen 127.0.0.1:1; location /p { proxy_pass http://127.0.0.1:2; } }\n"
+             " server { listen 127.0.0.1:6; location /p { idempotency_store off; proxy_pass http://127.0.0.1:2; } }\n"
+             "}\n", dir);
+    conf = load(text, err, sizeof(err));
+    UNIT_CHECK(conf != NULL);
+    if (conf != NULL) {
+        ric_server_conf_t *s1 = conf->http->servers, *s2 = s1->next, *s3 = s2->next;
+        UNIT_CHECK_STR(s1->locations->idem_route,
+                       "listen 127.0.0.1:1 127.0.0.1:3 upstream http://127.0.0.1:2");
+        UNIT_CHECK_STR(s3->locations->idem_route,
+                       "listen 127.0.0.1:1 127.0.0.1:3 upstream http://127.0.0.1:4");
+        UNIT_CHECK_STR(s2->locations->idem_route, "listen 127.0.0.1:1");
+        UNIT_CHECK(s1->locations->next->idem_route == NULL);    /* /q and = /q differ */
+        UNIT_CHECK(s3->locations->next->idem_route == NULL);
+        UNIT_CHECK(s3->next->locations->idem_route == NULL);    /* named x: alone */
+        UNIT_CHECK(s3->next->next->locations->idem_route == NULL); /* no store */
+    }
+    ric_conf_free(conf);
 }
 
 static void
