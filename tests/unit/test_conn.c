@@ -129,9 +129,10 @@ body_failed(ric_request_t *r, int status)
 }
 
 static int
-outlive(ric_request_t *r)
+outlive(ric_request_t *r, int half)
 {
     (void) r;
+    (void) half;
     return 0;
 }
 
