@@ -224,7 +224,6 @@ describe("a keyed request whose body streams", function()
     end)
 
     after_each(function()
-        if os.getenv("DUMP") then print(H.read_file(gw.prefix .. "/logs/access.log"), H.read_file(gw.prefix .. "/logs/error.log")) end
         if gw then gw:stop() end
         gw = nil
     end)
