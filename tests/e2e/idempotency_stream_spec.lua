@@ -198,10 +198,12 @@ local function log_has(gw, file, pattern)
     return (H.read_file(gw.prefix .. "/logs/" .. file) or ""):find(pattern) ~= nil
 end
 
--- The gateway read the client's end of stream: this build's line, or the one of a build that cut the request.
+-- The gateway saw the client go: an end of stream (a half-close, or a close not known yet as one), a reset
+-- read, or a write that failed; the lines of this build and of one that cut the request.
 local function saw_client_end(gw)
     return log_has(gw, "error.log", "ended its side of the connection")
         or log_has(gw, "error.log", "client closed the connection while waiting for the answer")
+        or log_has(gw, "error.log", "client went away while being sent the answer")
 end
 
 describe("a keyed request whose body streams", function()
