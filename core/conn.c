@@ -230,7 +230,7 @@ conn_end(ric_conn_t *c, ric_request_end_t end)
         return;
     }
     if (c->r != NULL) {
-        if (end == RIC_END_CLIENT_GONE && !c->orphan && c->set->handler->outlive(c->r)) {
+        if (end == RIC_END_CLIENT_GONE && !c->orphan && c->set->handler->outlive(c->r, 0)) {
             /* the socket goes now; the connection, which the request
              * reads its head from, when the request ends */
             c->orphan = 1;
@@ -1116,6 +1116,15 @@ on_request_read(ric_conn_t *c, short what)
         return;
     }
     n = read_some(c);
+    if (n == 0 && c->set->handler->outlive(c->r, 1)) {
+        /* a shutdown of the client's side and a close look alike here:
+         * the answer still goes to it, and a close shows when a write
+         * fails. Nothing more is read (the socket stays readable at its
+         * end), and the connection ends with the answer */
+        event_del(c->rev);
+        c->close_after = 1;
+        return;
+    }
     if (n == 0 || n == RIC_ERROR) {
         ric_log_error(RIC_LOG_INFO, 0, "client closed the connection while waiting for the "
                       "answer, client: %s", c->peer);

@@ -40,9 +40,13 @@ typedef struct {
     void (*body_failed)(ric_request_t *r, int status);
     /* The client socket can take more of the answer. */
     void (*writable)(ric_request_t *r);
-    /* The client left: 1 when the request goes on without it (its answer
-     * goes nowhere; ric_conn_request_done follows when it ends). */
-    int (*outlive)(ric_request_t *r);
+    /* The client left (half 0), or only ended its side (half 1: an end
+     * of stream while the request waits for its answer; HTTP/1.1 lets it
+     * read on). 1 when the request goes on: without the client (half 0:
+     * its answer goes nowhere), or still answering it (half 1: a client
+     * that closed for good is found by a failed write, a leave then);
+     * ric_conn_request_done follows when it ends. */
+    int (*outlive)(ric_request_t *r, int half);
     /* The connection closes under the request (end: the client is gone,
      * or the worker stops): it ends now, with ric_conn_request_done. */
     void (*gone)(ric_request_t *r, ric_request_end_t end);

@@ -177,13 +177,23 @@ running_phase(const ric_request_t *r)
 }
 
 static int
-request_outlive(ric_request_t *r)
+request_outlive(ric_request_t *r, int half)
 {
     const ric_phase_t *ph = running_phase(r);
 
-    if (!r->outlives_client || !r->body_complete || r->body_mode == RIC_REQ_BODY_STREAM
-        || r->own_answer || ph == NULL || !(ph->flags & RIC_PHASE_OUTLIVES)) {
+    /* the whole body read, held or streamed (the rest of a streamed one
+     * goes upstream from the upload's stage): what reaches the upstream is
+     * the whole request, which may run, so its answer must be kept. A body
+     * cut short cuts the request, and its key is released */
+    if (!r->outlives_client || !r->body_complete || r->own_answer || ph == NULL
+        || !(ph->flags & RIC_PHASE_OUTLIVES)) {
         return 0;
+    }
+    if (half) {
+        ric_log_error(RIC_LOG_INFO, 0, "the client ended its side of the connection; its keyed "
+                      "request goes on and the answer is still sent to it, client: %s",
+                      r->c->peer);
+        return 1;
     }
     r->client_left = 1;
     ric_log_error(RIC_LOG_INFO, 0, "the client left; its keyed request goes on so that its "

@@ -223,8 +223,11 @@ describe("the LMDB idempotency store", function()
         assert.equal("paid", done.body)
         assert.equal("true", done.headers["idempotent-replayed"])
         assert.equal(1, #up:hits())
+        -- a closed client looks like a half-closed one until a write to it fails: the access log has the
+        -- status the answer was written with (its first write may still go into the closed socket), or 499
         local log = H.read_file(gw.prefix .. "/logs/access.log") or ""
-        assert.truthy(log:find('"status":499[^\n]*"idempotency":"stored"'), ctx(gw, log))
+        assert.truthy(log:find('"status":499[^\n]*"idempotency":"stored"')
+            or log:find('"status":201[^\n]*"idempotency":"stored"'), ctx(gw, log))
     end)
 
     it("keeps stored answers across a restart of the gateway", function()
@@ -293,7 +296,7 @@ describe("the LMDB idempotency store", function()
             headers = { { "Idempotency-Key", key } } })))
         assert.equal(1, #up:wait_hits(1, 20), ctx(gw))
         socket.sleep(0.3) -- the gateway is stuck on a client that reads nothing
-        c.sock:shutdown("send") -- and that says it is done: the gateway sees it leave
+        c:close() -- and that leaves, its answer unread (a reset; a half-close would be a client reading on)
         local r = H.wait_until(function()
             local x = post(gw.port, "/pay", key, "{}")
             return x and x.status == 409 and problem_type(x) == "urn:ricochet:problem:idempotency-answer-not-stored" and x

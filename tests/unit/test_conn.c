@@ -1,4 +1,4 @@
-/* test_conn.c: the client connection alone, under a stand-in for the request layer: a 100 Continue the socket takes in pieces, then the body and the answer, and the connection kept for the next request; a TLS client whose KeyUpdate must be answered into a full send buffer. */
+/* test_conn.c: the client connection alone, under a stand-in for the request layer: a 100 Continue the socket takes in pieces, then the body and the answer, and the connection kept for the next request; a client that half-closes while its request waits, answered still; a TLS client whose KeyUpdate must be answered into a full send buffer. */
 #include "../../core/conn.c"
 #include "unit.h"
 
@@ -58,6 +58,8 @@ struct ric_request_s {
 
 static struct ric_request_s req;
 static int requests_begun, requests_gone, refused_status = -1;
+static int hold_next;   /* the next request waits for its answer until answered by the test */
+static int half_closes; /* outlive(r, 1) calls: ends of stream while a request waited */
 
 static void
 answer_rest(ric_request_t *r)
@@ -99,6 +101,10 @@ begin(void *ctx, ric_conn_t *c, int error_status)
 static void
 run(ric_request_t *r)
 {
+    if (hold_next) {
+        hold_next = 0; /* as a keyed request waiting for its upstream */
+        return;
+    }
     if (r->c->msg.body != RIC_BODY_NONE) {
         ric_conn_body_read(r->c);
     } else {
@@ -129,10 +135,11 @@ body_failed(ric_request_t *r, int status)
 }
 
 static int
-outlive(ric_request_t *r)
+outlive(ric_request_t *r, int half)
 {
     (void) r;
-    return 0;
+    half_closes += half;
+    return half; /* a half-close is answered; a leave ends the request */
 }
 
 static void
@@ -462,6 +469,42 @@ main(void)
         event_base_loop(base, EVLOOP_NONBLOCK);
     }
     UNIT_CHECK_INT(set.n, 0);
+
+    UNIT_CASE("a client that half-closes while its request waits still gets the answer");
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+        fprintf(stderr, "setup: %s\n", strerror(errno));
+        return 1;
+    }
+    fcntl(sv[0], F_SETFL, O_NONBLOCK);
+    fcntl(sv[1], F_SETFL, O_NONBLOCK);
+    UNIT_CHECK_INT(ric_conn_accept(&set, conf->listeners, sv[0], (struct sockaddr *) &sa,
+                                   sizeof(sa)), RIC_OK);
+    hold_next = 1;
+    got_len = 0;
+    got[0] = '\0';
+    got_eof = 0;
+    send_all(sv[1], "GET /wait HTTP/1.1\r\nHost: t\r\n\r\n");
+    shutdown(sv[1], SHUT_WR);
+    for (int i = 0; i < 200 && half_closes == 0; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    UNIT_CHECK_INT(half_closes, 1);
+    for (int i = 0; i < 20; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK); /* the end of stream is not read again */
+    }
+    UNIT_CHECK_INT(half_closes, 1);
+    UNIT_CHECK_INT(set.n, 1);
+    c = ric_list_first(&set.list, ric_conn_t, link);
+    UNIT_CHECK_INT(c->orphan, 0);
+    answer(&req);
+    UNIT_CHECK(until_read(base, sv[1], "\r\n\r\nok"));
+    UNIT_CHECK_STR(got, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+    UNIT_CASE("...and the connection closes after it");
+    for (int i = 0; i < 200 && set.n > 0; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    }
+    UNIT_CHECK_INT(set.n, 0);
+    close(sv[1]);
 
     test_tls_read_wants_write(base, &set, conf);
 
