@@ -287,14 +287,12 @@ done:
 static void
 record_head(u_char *rec, int state, const ric_idem_t *d, int64_t ttl_ms)
 {
-    int lock = state == RIC_IDEM_LOCKED;
-
     memset(rec, 0, RIC_IDEM_REC_HEAD);
     rec[0] = (u_char) state;
     ric_idem_put64(rec + RIC_IDEM_REC_EXPIRES, (uint64_t) (ric_idem_wall_ms() + ttl_ms));
     memcpy(rec + RIC_IDEM_REC_FP, d->fp, sizeof(d->fp));
     memcpy(rec + RIC_IDEM_REC_TOKEN, d->token, RIC_IDEM_TOKEN_LEN);
-    if (lock) {
+    if (state == RIC_IDEM_LOCKED) {
         ric_idem_put64(rec + RIC_IDEM_REC_LAPSE, (uint64_t) (ric_idem_boot_ms() + ttl_ms));
         memcpy(rec + RIC_IDEM_REC_BOOT, ric_idem_boot_id(), RIC_IDEM_ID_LEN);
     }
