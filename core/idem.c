@@ -23,6 +23,7 @@ typedef struct ric_idem_s {
     u_char key[RIC_IDEM_KEY_LEN]; /* the record's: route and client key */
     ric_str_t client_key; /* as the request gave it (alive while it is) */
     u_char fp[32];     /* the request's fingerprint */
+    u_char client[RIC_IDEM_ID_LEN]; /* its Authorization and Cookie's digest (zeros: neither) */
     int fp_pending;    /* a streamed body: fp is known once all of it passed (zeros till then) */
     u_char token[RIC_IDEM_TOKEN_LEN];
     u_char lock[RIC_IDEM_REC_HEAD];
@@ -79,16 +80,31 @@ problem(ric_request_t *r, int status, const char *type, const char *title, const
     return ric_request_answer(r, status, 0);
 }
 
-/* The stored answer, as it was, marked replayed. */
+/* The stored answer, as it was, marked replayed: its Set-Cookie fields
+ * only to the client it was stored for (the same Authorization and
+ * Cookie; an old record names no client), so that a session never
+ * passes to another client that shares the key space. */
 static int
-replay(ric_request_t *r, const ric_idem_record_t *rec)
+replay(ric_request_t *r, const ric_idem_t *d, const ric_idem_record_t *rec)
 {
     static const char mark[] = "Idempotent-Replayed: true\r\n";
-    size_t flen = rec->fields.len;
+    static const char set_cookie[] = "set-cookie:";
+    int same = rec->client != NULL && memcmp(rec->client, d->client, sizeof(d->client)) == 0;
+    const u_char *p = rec->fields.data, *end = p + rec->fields.len, *eol;
+    size_t flen = 0, n;
     u_char *fields;
 
-    fields = ric_palloc(r->pool, flen + sizeof(mark) - 1);
-    memcpy(fields, rec->fields.data, flen);
+    fields = ric_palloc(r->pool, rec->fields.len + sizeof(mark) - 1);
+    while (p < end) {
+        eol = memchr(p, '\n', (size_t) (end - p));
+        n = eol != NULL ? (size_t) (eol + 1 - p) : (size_t) (end - p);
+        if (same || n < sizeof(set_cookie) - 1
+            || strncasecmp((const char *) p, set_cookie, sizeof(set_cookie) - 1) != 0) {
+            memcpy(fields + flen, p, n);
+            flen += n;
+        }
+        p += n;
+    }
     memcpy(fields + flen, mark, sizeof(mark) - 1);
     r->own_custom = 1;
     r->own_fields.data = fields;
@@ -309,13 +325,62 @@ done:
     return rc;
 }
 
+/* A record's head (its checksum is the caller's, once the record is
+ * whole): a lock lapses on the boot clock of this boot; a done record
+ * expires on the wall clock (it outlives the host's boot). */
 static void
 record_head(u_char *rec, int state, const ric_idem_t *d, int64_t ttl_ms)
 {
+    memset(rec, 0, RIC_IDEM_REC_HEAD);
     rec[0] = (u_char) state;
     ric_idem_put64(rec + RIC_IDEM_REC_EXPIRES, (uint64_t) (ric_idem_wall_ms() + ttl_ms));
     memcpy(rec + RIC_IDEM_REC_FP, d->fp, sizeof(d->fp));
     memcpy(rec + RIC_IDEM_REC_TOKEN, d->token, RIC_IDEM_TOKEN_LEN);
+    if (state == RIC_IDEM_LOCKED) {
+        ric_idem_put64(rec + RIC_IDEM_REC_LAPSE, (uint64_t) (ric_idem_boot_ms() + ttl_ms));
+        memcpy(rec + RIC_IDEM_REC_BOOT, ric_idem_boot_id(), RIC_IDEM_ID_LEN);
+    }
+    memcpy(rec + RIC_IDEM_REC_CLIENT, d->client, sizeof(d->client));
+}
+
+/* The client's digest: every Authorization and Cookie field, in order,
+ * each as its kind, its length and its value (no two lists of fields give
+ * one input); zeros when it has neither. */
+static void
+client_digest(ric_request_t *r, ric_idem_t *d)
+{
+    static const ric_str_t names[2] = { ric_string("authorization"), ric_string("cookie") };
+    static EVP_MD_CTX *ctx;
+    static EVP_MD *sha256;
+    const ric_http_msg_t *m = r->msg;
+    u_char md[32], len[8];
+    ric_str_t name, value;
+    unsigned i, k, seen = 0;
+
+    memset(d->client, 0, sizeof(d->client));
+    if (ctx == NULL) {
+        ctx = EVP_MD_CTX_new();
+        sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    }
+    if (ctx == NULL || sha256 == NULL || EVP_DigestInit_ex(ctx, sha256, NULL) != 1) {
+        return; /* as a client without either: its replays go without Set-Cookie */
+    }
+    for (i = 0; i < m->nfields; i++) {
+        name = ric_field_name(r->c->in, m, i);
+        for (k = 0; k < 2; k++) {
+            if (ric_str_eq_nocase(name, names[k])) {
+                value = ric_field_value(r->c->in, m, i);
+                ric_idem_put64(len, value.len);
+                EVP_DigestUpdate(ctx, k == 0 ? "a" : "c", 1);
+                EVP_DigestUpdate(ctx, len, sizeof(len));
+                EVP_DigestUpdate(ctx, value.data, value.len);
+                seen++;
+            }
+        }
+    }
+    if (seen > 0 && EVP_DigestFinal_ex(ctx, md, NULL) == 1) {
+        memcpy(d->client, md, sizeof(d->client));
+    }
 }
 
 /* The lock lives at least as long as the route may keep trying. */
@@ -355,8 +420,9 @@ on_refresh(evutil_socket_t fd, short what, void *arg)
     (void) fd;
     (void) what;
     /* settled against the lock as it stands, then the new one counts */
-    expires = ric_idem_get64(d->lock + RIC_IDEM_REC_EXPIRES);
+    expires = ric_idem_get64(d->lock + RIC_IDEM_REC_LAPSE);
     record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
+    ric_idem_record_seal(d->lock, sizeof(d->lock));
     ric_idem_store_settle(d->sc->store, d->key, d->token, d->lock, sizeof(d->lock), lock_ttl(r),
                           (int64_t) expires);
     event_add(&d->refresh, &tv);
@@ -409,11 +475,11 @@ tap(ric_request_t *r, const u_char *p, size_t n)
 
 /* --- settling at finalize ---------------------------------------------------- */
 
-/* When the lock in the store lapses (wall ms). */
+/* When the lock in the store lapses (boot-clock ms). */
 static int64_t
 lock_expires(const ric_idem_t *d)
 {
-    return (int64_t) ric_idem_get64(d->lock + RIC_IDEM_REC_EXPIRES);
+    return (int64_t) ric_idem_get64(d->lock + RIC_IDEM_REC_LAPSE);
 }
 
 /* The key goes: the client may run its request again. */
@@ -445,6 +511,7 @@ store_answer(ric_request_t *r, ric_idem_t *d, int bare)
         ric_buf_put(&rec, d->fields.data, flen);
         ric_buf_put(&rec, d->body.data, d->body.len);
     }
+    ric_idem_record_seal(rec.data, rec.len);
     ric_idem_store_settle(d->sc->store, d->key, d->token, rec.data, rec.len,
                           r->settings->idempotency_ttl, lock_expires(d));
     ric_buf_free(&rec);
@@ -521,12 +588,31 @@ fp_unknown(const u_char *fp)
     return memcmp(fp, zeros, sizeof(zeros)) == 0;
 }
 
+/* The record under the key is damaged: whatever idempotency_store_failure
+ * says, nothing of it is sent and the request does not run (it may have
+ * run before). */
+static int
+damaged(ric_request_t *r, ric_idem_t *d, const char *what)
+{
+    char hex[2 * RIC_IDEM_KEY_LEN + 1];
+
+    ric_idem_key_hex(d->key, hex);
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the record of key digest %s %s: "
+                  "answering 503 (stop the gateway and run ricochet -t), client: %s",
+                  d->sc->spec, hex, what, r->c->peer);
+    outcome(r, d, "store_failed", RIC_IDEM_N_STORE_FAILED);
+    return problem(r, 503, "idempotency-store-unavailable", "Idempotency store unavailable",
+                   "The gateway cannot check this idempotency key now; nothing was sent. "
+                   "Retry the request later with the same key.");
+}
+
 /* The store's answer to the claim. */
 static int
 decide(ric_request_t *r, ric_idem_t *d)
 {
     ric_idem_record_t rec;
     struct timeval tv;
+    int rc;
 
     switch (d->op.rc) {
     case RIC_IDEM_CLAIMED:
@@ -559,8 +645,9 @@ decide(ric_request_t *r, ric_idem_t *d)
                        "The gateway cannot check this idempotency key now; nothing was sent. "
                        "Retry the request later with the same key.");
     }
-    if (ric_idem_record_parse(d->op.found.data, d->op.found.len, &rec) != RIC_OK) {
-        goto unreadable;
+    rc = ric_idem_record_parse(d->op.found.data, d->op.found.len, &rec);
+    if (rc != RIC_OK) {
+        return damaged(r, d, rc == RIC_DECLINED ? "fails its checksum" : "cannot be read");
     }
     if (rec.state == RIC_IDEM_LOCKED && (d->fp_pending || fp_unknown(rec.fp))) {
         goto in_flight; /* a streamed body's fingerprint is known only at its end */
@@ -598,20 +685,13 @@ decide(ric_request_t *r, ric_idem_t *d)
                        "with the same key to get its answer.");
     case RIC_IDEM_DONE:
         outcome(r, d, "replayed", RIC_IDEM_N_REPLAYED);
-        return replay(r, &rec);
+        return replay(r, d, &rec);
     default:
         outcome(r, d, "not_replayable", RIC_IDEM_N_NOT_REPLAYABLE);
         return problem(r, 409, "idempotency-answer-not-stored", "Request already completed",
                        "A request with this idempotency key completed, but its answer was too "
                        "large to keep (idempotency_max_body), so it cannot be replayed.");
     }
-
-unreadable:
-    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": a record that cannot be read, "
-                  "client: %s", d->sc->spec, r->c->peer);
-    snprintf(d->op.error, sizeof(d->op.error), "a record that cannot be read");
-    d->op.rc = RIC_ERROR;
-    return decide(r, d);
 }
 
 ric_body_digest_t *
@@ -688,10 +768,12 @@ ric_idem_phase(ric_request_t *r)
     if (digest(r, d, key) != RIC_OK) {
         return ric_request_answer(r, 500, 0);
     }
+    client_digest(r, d);
     new_token(d->token);
     r->idem = d;
     ric_request_cleanup_add(r, settle_cleanup, r);
     record_head(d->lock, RIC_IDEM_LOCKED, d, lock_ttl(r));
+    ric_idem_record_seal(d->lock, sizeof(d->lock));
     d->op.done = on_claimed;
     d->op.data = r;
     d->op.key = d->key;

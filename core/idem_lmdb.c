@@ -21,6 +21,8 @@ static void lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char 
 #define FLUSH_EVERY_MS 5000 /* idempotency_sync off: the file is flushed this often */
 #define SWEEP_AT_ONCE 1024  /* records looked at per sweep: one short transaction */
 #define SWEEP_BUSY_MS 50    /* ...and again this soon while it finds expired ones */
+#define SWEEP_SUMS_BYTES (16 << 20) /* ...and bytes of expired records checked per sweep */
+#define DAMAGE_LOG_MS 60000 /* a damaged record the sweep keeps meeting is logged this often */
 #define ROOM_AT_ONCE 4096   /* records looked at to make room in a full map */
 #define HIGH_WATER_PCT 80   /* claims stop above this much of the map: deletes need room too */
 #define ANSWERS_PCT 90      /* answers are kept as "done" only above this much */
@@ -37,6 +39,7 @@ typedef struct {
     u_char sweep_from[RIC_IDEM_KEY_LEN]; /* where the next sweep starts */
     int sweep_has;
     int swept_all;        /* the last sweep looked at fewer records than it could */
+    int64_t damage_logged_ms; /* when the sweep last logged a damaged record */
 
     /* the flusher thread: mdb_env_sync off the loop */
     pthread_t thread;
@@ -177,8 +180,35 @@ cancel_wait(ric_async_t *a)
     op->next = NULL;
 }
 
+/* Whether an expired record may go: it is sound (a damaged byte must not
+ * make a record look expired and free its key: it stays, and its key's
+ * requests are answered 503). */
+static int
+sweepable(lmdb_store_t *s, const MDB_val *k, const MDB_val *v)
+{
+    ric_idem_record_t rec;
+    char hex[2 * RIC_IDEM_KEY_LEN + 1];
+
+    if (k->mv_size != RIC_IDEM_KEY_LEN) {
+        return 1; /* make_room's mark */
+    }
+    if (ric_idem_record_parse(v->mv_data, v->mv_size, &rec) == RIC_OK) {
+        return 1;
+    }
+    if (ric_now_ms() - s->damage_logged_ms >= DAMAGE_LOG_MS) {
+        s->damage_logged_ms = ric_now_ms();
+        ric_idem_key_hex(k->mv_data, hex);
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the record of key digest %s is "
+                      "damaged (it fails its checksum, or is no record): it is kept, and its "
+                      "key answered 503 (stop the gateway and run ricochet -t)",
+                      s->base.conf->spec, hex);
+    }
+    return 0;
+}
+
 /* Looks at up to at_once records from where the last sweep ended and
- * deletes the expired ones. Returns how many it deleted. */
+ * deletes the expired ones (a lock by its boot clock, never by the wall
+ * clock). Returns how many it deleted. */
 static int
 sweep(lmdb_store_t *s, int at_once)
 {
@@ -186,7 +216,7 @@ sweep(lmdb_store_t *s, int at_once)
     MDB_cursor *cur;
     MDB_val k, v;
     int rc, seen = 0, gone = 0;
-    int64_t now = ric_idem_wall_ms();
+    size_t summed = 0;
 
     if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
         return 0;
@@ -198,16 +228,16 @@ sweep(lmdb_store_t *s, int at_once)
     k.mv_data = s->sweep_from;
     k.mv_size = sizeof(s->sweep_from);
     rc = mdb_cursor_get(cur, &k, &v, s->sweep_has ? MDB_SET_RANGE : MDB_FIRST);
-    while (rc == 0 && seen++ < at_once) {
-        if (v.mv_size < RIC_IDEM_REC_HEAD
-            || (int64_t) ric_idem_get64((const u_char *) v.mv_data + RIC_IDEM_REC_EXPIRES) <= now) {
-            if (mdb_cursor_del(cur, 0) == 0) {
+    while (rc == 0 && seen++ < at_once && summed < SWEEP_SUMS_BYTES) {
+        if (k.mv_size != RIC_IDEM_KEY_LEN || !ric_idem_record_live(v.mv_data, v.mv_size)) {
+            summed += v.mv_size;
+            if (sweepable(s, &k, &v) && mdb_cursor_del(cur, 0) == 0) {
                 gone++;
             }
         }
         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
     }
-    s->swept_all = seen <= at_once;
+    s->swept_all = seen <= at_once && summed < SWEEP_SUMS_BYTES;
     s->sweep_has = rc == 0 && k.mv_size == sizeof(s->sweep_from);
     if (s->sweep_has) {
         memcpy(s->sweep_from, k.mv_data, sizeof(s->sweep_from));
@@ -575,9 +605,10 @@ verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t 
     MDB_val k, v;
     MDB_dbi dbi;
     ric_idem_record_t rec;
+    char hex[2 * RIC_IDEM_KEY_LEN + 1];
     size_t count, i, pg;
     uint64_t need, entries = 0;
-    int rc, found = 1, tries;
+    int rc, found = 1, tries, parsed;
 
     if (meta_sound(sc->path, file_size, why, len) != 0) {
         goto done;
@@ -655,8 +686,16 @@ verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t 
         if (k.mv_size == 1 && v.mv_size == 8) {
             continue; /* make_room's mark */
         }
-        if (k.mv_size != RIC_IDEM_KEY_LEN
-            || ric_idem_record_parse(v.mv_data, v.mv_size, &rec) != RIC_OK) {
+        parsed = k.mv_size != RIC_IDEM_KEY_LEN ? RIC_ERROR
+                 : ric_idem_record_parse(v.mv_data, v.mv_size, &rec);
+        if (parsed == RIC_DECLINED) {
+            ric_idem_key_hex(k.mv_data, hex);
+            snprintf(why, len, "record %llu (key digest %s, a value of %zu bytes) fails its "
+                     "checksum: a byte of it changed", (unsigned long long) entries, hex,
+                     v.mv_size);
+            goto done;
+        }
+        if (parsed != RIC_OK) {
             snprintf(why, len, "record %llu (a key of %zu bytes, a value of %zu) is not one of "
                      "ricochet's", (unsigned long long) entries, k.mv_size, v.mv_size);
             goto done;
@@ -910,22 +949,28 @@ write_failure(lmdb_store_t *s, int rc, char *buf, size_t len)
     return buf;
 }
 
-/* What mdb_get found under a key: 1 a live record, 0 none (missing,
- * expired, or too short to be one), -1 a value no record can be (a
- * damaged node: its size past the map): never copied. */
+/* What mdb_get found under a key: 1 a live record (or a damaged one: its
+ * claim's request is answered 503, never run), 0 none (missing, or a
+ * sound record that expired), -1 a value no record can be (a damaged
+ * node: its size past the map): never copied. */
 static int
 live_record(const lmdb_store_t *s, int rc, const MDB_val *v)
 {
     const u_char *p = v->mv_data;
+    ric_idem_record_t rec;
 
-    if (rc != 0 || v->mv_size < RIC_IDEM_REC_HEAD) {
+    if (rc != 0) {
         return 0;
     }
     if (v->mv_size > s->map_size
         || (s->map != NULL && (p < s->map || v->mv_size > (size_t) (s->map + s->map_size - p)))) {
         return -1;
     }
-    return (int64_t) ric_idem_get64(p + RIC_IDEM_REC_EXPIRES) > ric_idem_wall_ms();
+    if (ric_idem_record_live(p, v->mv_size)) {
+        return 1;
+    }
+    /* a changed byte may make a record look expired: only a sound one frees its key */
+    return ric_idem_record_parse(p, v->mv_size, &rec) != RIC_OK;
 }
 
 /* The error of a claim that met a damaged record. */
@@ -1019,8 +1064,7 @@ settle_in(lmdb_store_t *s, MDB_txn *txn, const u_char *key, const u_char *token,
     }
     if (len > RIC_IDEM_REC_HEAD && filled_over(s, txn, len, ANSWERS_PCT)) {
         /* no room left for answers: the request still stays done */
-        memcpy(bare, rec, RIC_IDEM_REC_HEAD);
-        bare[0] = RIC_IDEM_DONE_BARE;
+        ric_idem_record_bare(rec, bare);
         rec = bare;
         len = sizeof(bare);
     }
@@ -1055,8 +1099,7 @@ settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char
         }
         if (!make_room(s) && rec != NULL && len > RIC_IDEM_REC_HEAD) {
             /* no room for the answer: at least the request stays done */
-            memcpy(bare, rec, RIC_IDEM_REC_HEAD);
-            bare[0] = RIC_IDEM_DONE_BARE;
+            ric_idem_record_bare(rec, bare);
             rec = bare;
             len = sizeof(bare);
         }

@@ -532,7 +532,7 @@ batch_over(batch_t *b, redisReply *reply)
         if (it->claim) {
             rc = r == NULL ? RIC_ERROR
                  : r->type == REDIS_REPLY_INTEGER ? RIC_IDEM_CLAIMED
-                 : r->type == REDIS_REPLY_STRING && r->len >= RIC_IDEM_REC_HEAD ? RIC_IDEM_FOUND
+                 : r->type == REDIS_REPLY_STRING && r->len >= RIC_IDEM_OLD_HEAD ? RIC_IDEM_FOUND
                  : RIC_ERROR;
             if (it->op == NULL) {
                 if (rc == RIC_IDEM_CLAIMED) {

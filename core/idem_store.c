@@ -5,6 +5,8 @@
 #include "shm.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,10 +22,139 @@ ric_idem_wall_ms(void)
     return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + ric_idem_wall_skew_ms;
 }
 
+int64_t ric_idem_boot_skew_ms;
+
+int64_t
+ric_idem_boot_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + ric_idem_boot_skew_ms;
+}
+
 int
 ric_idem_lock_lapsed(int64_t lock_expires)
 {
-    return ric_idem_wall_ms() >= lock_expires;
+    return ric_idem_boot_ms() >= lock_expires;
+}
+
+static int
+hex_digit(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+const u_char *
+ric_idem_boot_id(void)
+{
+    static u_char id[RIC_IDEM_ID_LEN];
+    static int read_once;
+    u_char got[RIC_IDEM_ID_LEN];
+    char text[64];
+    ssize_t n;
+    int fd, i, j = 0, hi = -1, v;
+
+    if (read_once) {
+        return id;
+    }
+    read_once = 1;
+    /* one value per boot of the kernel, the same in every process */
+    fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return id;
+    }
+    n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    for (i = 0; i < n && j < RIC_IDEM_ID_LEN; i++) {
+        if (text[i] == '-') {
+            continue;
+        }
+        if ((v = hex_digit(text[i])) < 0) {
+            break;
+        }
+        if (hi < 0) {
+            hi = v;
+        } else {
+            got[j++] = (u_char) (hi << 4 | v);
+            hi = -1;
+        }
+    }
+    if (j == RIC_IDEM_ID_LEN) {
+        memcpy(id, got, sizeof(id));
+    }
+    return id;
+}
+
+static int
+is_zero(const u_char *p, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        if (p[i] != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int
+ric_idem_record_live(const u_char *rec, size_t len)
+{
+    if (len < RIC_IDEM_OLD_HEAD) {
+        return 0;
+    }
+    if (rec[0] == RIC_IDEM_LOCKED && len >= RIC_IDEM_REC_HEAD
+        && !is_zero(rec + RIC_IDEM_REC_BOOT, RIC_IDEM_ID_LEN)) {
+        /* another boot: the host restarted since, and its request with it */
+        return memcmp(rec + RIC_IDEM_REC_BOOT, ric_idem_boot_id(), RIC_IDEM_ID_LEN) == 0
+               && !ric_idem_lock_lapsed((int64_t) ric_idem_get64(rec + RIC_IDEM_REC_LAPSE));
+    }
+    return (int64_t) ric_idem_get64(rec + RIC_IDEM_REC_EXPIRES) > ric_idem_wall_ms();
+}
+
+/* The checksum of rec: SHA-256 over all of it but the checksum's bytes. */
+static int
+checksum(const u_char *rec, size_t len, u_char *out)
+{
+    static EVP_MD_CTX *ctx;
+    static EVP_MD *sha256;
+    u_char md[32];
+
+    if (ctx == NULL) {
+        /* fetched once: an implicit fetch per digest costs more than it */
+        ctx = EVP_MD_CTX_new();
+        sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    }
+    if (ctx == NULL || sha256 == NULL || EVP_DigestInit_ex(ctx, sha256, NULL) != 1
+        || EVP_DigestUpdate(ctx, rec, RIC_IDEM_REC_SUM) != 1
+        || EVP_DigestUpdate(ctx, rec + RIC_IDEM_REC_HEAD, len - RIC_IDEM_REC_HEAD) != 1
+        || EVP_DigestFinal_ex(ctx, md, NULL) != 1) {
+        return RIC_ERROR;
+    }
+    memcpy(out, md, RIC_IDEM_ID_LEN);
+    return RIC_OK;
+}
+
+void
+ric_idem_record_seal(u_char *rec, size_t len)
+{
+    if (checksum(rec, len, rec + RIC_IDEM_REC_SUM) != RIC_OK) {
+        /* no SHA-256 to be had: a record no reader accepts, never a wrong one */
+        memset(rec + RIC_IDEM_REC_SUM, 0, RIC_IDEM_ID_LEN);
+        rec[0] = 0;
+    }
+}
+
+void
+ric_idem_record_bare(const u_char *rec, u_char *bare)
+{
+    memcpy(bare, rec, RIC_IDEM_REC_HEAD);
+    bare[0] = RIC_IDEM_DONE_BARE;
+    ric_idem_record_seal(bare, RIC_IDEM_REC_HEAD);
 }
 
 void
@@ -52,21 +183,50 @@ ric_idem_get64(const u_char *p)
 int
 ric_idem_record_parse(const u_char *rec, size_t len, ric_idem_record_t *out)
 {
-    const u_char *p = rec + RIC_IDEM_REC_HEAD;
+    const u_char *p;
+    u_char sum[RIC_IDEM_ID_LEN];
     size_t flen;
 
     memset(out, 0, sizeof(*out));
-    if (len < RIC_IDEM_REC_HEAD) {
+    if (len < RIC_IDEM_OLD_HEAD) {
         return RIC_ERROR;
     }
-    out->state = rec[0];
+    switch (rec[0]) {
+    case 'L':
+    case 'D':
+    case 'N':
+        /* the format before the checksum: its structure is all there is to check */
+        out->old = 1;
+        out->state = rec[0] == 'L' ? RIC_IDEM_LOCKED
+                     : rec[0] == 'D' ? RIC_IDEM_DONE : RIC_IDEM_DONE_BARE;
+        p = rec + RIC_IDEM_OLD_HEAD;
+        break;
+    case RIC_IDEM_LOCKED:
+    case RIC_IDEM_DONE:
+    case RIC_IDEM_DONE_BARE:
+        if (len < RIC_IDEM_REC_HEAD) {
+            return RIC_ERROR;
+        }
+        if (checksum(rec, len, sum) != RIC_OK
+            || memcmp(sum, rec + RIC_IDEM_REC_SUM, sizeof(sum)) != 0) {
+            return RIC_DECLINED;
+        }
+        out->state = rec[0];
+        out->lapse = ric_idem_get64(rec + RIC_IDEM_REC_LAPSE);
+        out->boot = rec + RIC_IDEM_REC_BOOT;
+        out->client = rec + RIC_IDEM_REC_CLIENT;
+        p = rec + RIC_IDEM_REC_HEAD;
+        break;
+    default:
+        return RIC_ERROR;
+    }
     out->expires = ric_idem_get64(rec + RIC_IDEM_REC_EXPIRES);
     out->fp = rec + RIC_IDEM_REC_FP;
     out->token = rec + RIC_IDEM_REC_TOKEN;
-    if (out->state == RIC_IDEM_LOCKED || out->state == RIC_IDEM_DONE_BARE) {
+    if (out->state != RIC_IDEM_DONE) {
         return RIC_OK;
     }
-    if (out->state != RIC_IDEM_DONE || len - RIC_IDEM_REC_HEAD < 6) {
+    if ((size_t) (rec + len - p) < 6) {
         return RIC_ERROR;
     }
     out->status = (p[0] << 8) | p[1];
@@ -247,8 +407,7 @@ ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc, co
     }
     if (rec != NULL && len > RIC_IDEM_REC_HEAD && rec[0] == RIC_IDEM_DONE
         && b->bytes + len > RIC_IDEM_BACKLOG_BYTES) {
-        memcpy(bare, rec, RIC_IDEM_REC_HEAD);
-        bare[0] = RIC_IDEM_DONE_BARE;
+        ric_idem_record_bare(rec, bare);
         rec = bare;
         len = sizeof(bare);
         ric_idem_settle_lost(sc, key, 0, "waits as done without its body: the settles waiting "

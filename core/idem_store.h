@@ -82,40 +82,81 @@ struct ric_idem_store_conf_s {
 /*
  * A record, as both stores keep it (one byte string): a fixed head, then
  * for a completed, replayable answer its status, fields and body.
- *   [0]      state: RIC_IDEM_LOCKED, _DONE (replayable) or _DONE_BARE
- *   [1..8]   expires, Unix milliseconds, big-endian (LMDB checks it; Redis
- *            has its own TTL)
- *   [9..40]  the request's fingerprint (SHA-256)
- *   [41..56] the token of the request that claimed it: only that request
- *            may settle it
- *   [57..]   _DONE: status (2 bytes), fields length (4), fields, body
+ *   [0]        state: RIC_IDEM_LOCKED, _DONE (replayable) or _DONE_BARE
+ *   [1..8]     expires, Unix milliseconds, big-endian: a done record's on
+ *              the wall clock (LMDB checks it; Redis has its own TTL); a
+ *              lock's is for reading only (its lapse below times it)
+ *   [9..40]    the request's fingerprint (SHA-256)
+ *   [41..56]   the token of the request that claimed it: only that request
+ *              may settle it (Redis's script reads it at this offset)
+ *   [57..64]   a lock's lapse, CLOCK_BOOTTIME milliseconds, big-endian (0
+ *              in a done record)
+ *   [65..80]   a lock's boot identity (the kernel's boot_id; zeros in a
+ *              done record, or when the host has none to read)
+ *   [81..96]   the client's digest (idem.c: of its Authorization and
+ *              Cookie fields); zeros when it sent neither
+ *   [97..112]  checksum: the first 16 bytes of SHA-256 over the record
+ *              without these 16 bytes
+ *   [113..]    _DONE: status (2 bytes), fields length (4), fields, body
+ * Records of the format before the checksum ('L', 'D', 'N', a head of 57
+ * bytes, no lapse, boot, client or checksum) are still read: a binary
+ * upgrade shares the file.
  */
-#define RIC_IDEM_LOCKED 'L'
-#define RIC_IDEM_DONE 'D'
-#define RIC_IDEM_DONE_BARE 'N' /* completed, but its answer was too large to keep */
+#define RIC_IDEM_LOCKED 'l'
+#define RIC_IDEM_DONE 'd'
+#define RIC_IDEM_DONE_BARE 'n' /* completed, but its answer was too large to keep */
 #define RIC_IDEM_REC_EXPIRES 1
 #define RIC_IDEM_REC_FP 9
 #define RIC_IDEM_REC_TOKEN 41
 #define RIC_IDEM_TOKEN_LEN 16
-#define RIC_IDEM_REC_HEAD 57
+#define RIC_IDEM_REC_LAPSE 57
+#define RIC_IDEM_REC_BOOT 65
+#define RIC_IDEM_REC_CLIENT 81
+#define RIC_IDEM_REC_SUM 97
+#define RIC_IDEM_ID_LEN 16  /* a boot identity, a client digest, a checksum */
+#define RIC_IDEM_REC_HEAD 113
+#define RIC_IDEM_OLD_HEAD 57 /* the format before the checksum */
 #define RIC_IDEM_KEY_LEN 32
 
 /* A record, read. Spans point into the bytes read. */
 typedef struct {
-    int state;          /* RIC_IDEM_LOCKED, _DONE or _DONE_BARE */
+    int state;          /* RIC_IDEM_LOCKED, _DONE or _DONE_BARE (an old record's too) */
+    int old;            /* the format before the checksum: no lapse, boot, client */
     uint64_t expires;   /* Unix ms */
+    uint64_t lapse;     /* a lock's, boot ms */
     const u_char *fp;   /* 32 bytes */
     const u_char *token;
+    const u_char *boot, *client; /* RIC_IDEM_ID_LEN bytes each; NULL in an old record */
     int status;         /* _DONE: the answer's */
     ric_str_t fields;   /* "Name: value\r\n" each */
     ric_str_t body;
 } ric_idem_record_t;
 
 /* Reads a record as a store gave it back (it may come from another
- * gateway, or be damaged). RIC_OK, or RIC_ERROR when it is not one: too
- * short, an unknown state, a status outside 100..599, fields that do not
- * fit. */
+ * gateway, or be damaged). RIC_OK; RIC_DECLINED when it fails its
+ * checksum (a changed byte anywhere in it); RIC_ERROR when it is not one:
+ * too short, an unknown state, a status outside 100..599, fields that do
+ * not fit. An old record (no checksum) is checked for its structure only. */
 int ric_idem_record_parse(const u_char *rec, size_t len, ric_idem_record_t *out);
+
+/* Writes the checksum of rec (len bytes, a head at least) into it. */
+void ric_idem_record_seal(u_char *rec, size_t len);
+
+/* Makes bare (RIC_IDEM_REC_HEAD bytes) the head of rec, a completed
+ * answer, as done without its answer, sealed. */
+void ric_idem_record_bare(const u_char *rec, u_char *bare);
+
+/* Whether a record (len bytes, RIC_IDEM_OLD_HEAD at least; its checksum
+ * is not read) is still live on this host: a done record until its wall
+ * expiry; a lock while this boot lasts and its boot-clock lapse has not
+ * passed (a wall-clock step changes nothing, a reboot ends it); an old
+ * lock, or one written where the boot had no identity, by its wall
+ * expiry. LMDB's rule (Redis keeps its own TTLs). */
+int ric_idem_record_live(const u_char *rec, size_t len);
+
+/* This boot's identity (RIC_IDEM_ID_LEN bytes, read once per process
+ * from /proc/sys/kernel/random/boot_id; zeros when it cannot be read). */
+const u_char *ric_idem_boot_id(void);
 
 /* A store that does not answer within this long counts as unreachable. */
 #define RIC_IDEM_STORE_TIMEOUT_MS 1000
@@ -169,8 +210,8 @@ int ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen);
 
 /* Checks an LMDB file without trusting it: in a child process (a damaged
  * page may crash LMDB), its size against the pages its meta page names,
- * every page of its free list and every record (the record format, as
- * ric_idem_record_parse reads it). RIC_OK: sound, or no file yet (also an
+ * every page of its free list and every record (the record format and its
+ * checksum, as ric_idem_record_parse reads them). RIC_OK: sound, or no file yet (also an
  * empty file without its lock file: one never written); RIC_DECLINED:
  * damaged or truncated, why says how; RIC_ERROR: it could not be checked
  * (why says). */
@@ -212,8 +253,8 @@ int ric_idem_store_claim(ric_idem_store_t *s, const u_char *key, u_char *rec, si
  * lapsed and nobody claimed the key since): a lock claimed again is
  * someone else's. Done in the background. A settle the store cannot take
  * now (unreachable, a failed write) waits in the store's backlog and goes,
- * in order, when it can; one that goes after lock_expires (wall ms: when
- * the lock it settles lapses), or never, is logged with the key's digest. */
+ * in order, when it can; one that goes after lock_expires (boot-clock ms:
+ * when the lock it settles lapses), or never, is logged with the key's digest. */
 void ric_idem_store_settle(ric_idem_store_t *s, const u_char *key, const u_char *token,
                            const u_char *rec, size_t len, int64_t ttl_ms, int64_t lock_expires);
 
@@ -230,7 +271,7 @@ struct ric_idem_pending_s {
     u_char *rec;          /* owned; NULL: a release */
     size_t len;
     int64_t ttl_ms;
-    int64_t lock_expires; /* wall ms */
+    int64_t lock_expires; /* boot ms */
     ric_idem_pending_t *next;
 };
 
@@ -276,14 +317,20 @@ ric_idem_store_t *ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_bas
                                      char *err, size_t errlen);
 void ric_idem_lmdb_close(ric_idem_store_t *s);
 
-/* The wall clock in milliseconds (records outlive processes and hosts),
- * moved by ric_idem_wall_skew_ms (tests move time forward with it). */
+/* The wall clock in milliseconds (done records outlive processes and
+ * hosts), moved by ric_idem_wall_skew_ms (tests move time forward with it). */
 int64_t ric_idem_wall_ms(void);
 extern int64_t ric_idem_wall_skew_ms;
 
-/* Whether a lock whose expires field (as idem.c hands it to a settle, its
- * lock_expires) says it lapsed by now: the one place that reads the clock
- * locks are timed by. */
+/* The boot clock (CLOCK_BOOTTIME: steady, counts a suspend) in
+ * milliseconds, moved by ric_idem_boot_skew_ms (tests): what locks are
+ * timed by. */
+int64_t ric_idem_boot_ms(void);
+extern int64_t ric_idem_boot_skew_ms;
+
+/* Whether a lock whose lapse field (as idem.c hands it to a settle, its
+ * lock_expires: boot-clock ms) says it lapsed by now: the one place that
+ * reads the clock locks are timed by. */
 int ric_idem_lock_lapsed(int64_t lock_expires);
 
 /* Big-endian helpers for the record's fields. */

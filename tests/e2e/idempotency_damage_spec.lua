@@ -358,7 +358,7 @@ describe("a damaged LMDB idempotency store", function()
         assert.same({}, aside_files())
     end)
 
-    it("refuses a record that is not one of ricochet's", function()
+    it("refuses a record whose status was changed: it fails its checksum", function()
         fill(50)
         -- one answer with a body found nowhere else, stored last
         local marker = "MARKER-" .. H.text_body(24, 777):gsub("%W", "x")
@@ -369,8 +369,9 @@ describe("a damaged LMDB idempotency store", function()
         assert.equal("true", assert(repeat_post(gw.port, key)).headers["idempotent-replayed"], ctx(gw))
         gw:stop()
         up:reset()
-        -- its record: 'D', expiry, fingerprint, token (57 bytes), then the status (2 bytes, big-endian), the
-        -- fields' length (4 bytes), the fields, and the body. The status of every copy of it becomes 0.
+        -- its record: 'd', expiry, fingerprint, token, lapse, boot, client, checksum (113 bytes), then the status
+        -- (2 bytes, big-endian), the fields' length (4 bytes), the fields, and the body. The status of every copy
+        -- of it becomes 0.
         local bytes = assert(H.read_file(store))
         local damaged, from = 0, 1
         for _ = 1, 100 do
@@ -378,14 +379,14 @@ describe("a damaged LMDB idempotency store", function()
             if not at then break end
             from = at + 1
             local body_off = at - 1 -- 0-based
-            for s = body_off - 63, math.max(0, body_off - 63 - 4096), -1 do
+            for s = body_off - 119, math.max(0, body_off - 119 - 4096), -1 do
                 local b = bytes:byte(s + 1)
-                if b == 68 then -- 'D'
-                    local st_hi, st_lo = bytes:byte(s + 58), bytes:byte(s + 59)
-                    local f1, f2, f3, f4 = bytes:byte(s + 60, s + 63)
+                if b == 100 then -- 'd'
+                    local st_hi, st_lo = bytes:byte(s + 114), bytes:byte(s + 115)
+                    local f1, f2, f3, f4 = bytes:byte(s + 116, s + 119)
                     local flen = ((f1 * 256 + f2) * 256 + f3) * 256 + f4
-                    if st_hi * 256 + st_lo == 201 and s + 63 + flen == body_off then
-                        overwrite(store, s + 57, "\0\0")
+                    if st_hi * 256 + st_lo == 201 and s + 119 + flen == body_off then
+                        overwrite(store, s + 113, "\0\0")
                         damaged = damaged + 1
                         break
                     end
@@ -393,8 +394,8 @@ describe("a damaged LMDB idempotency store", function()
             end
         end
         assert.truthy(damaged >= 1, "the marker's record was not found in the file")
-        assert_check_fails("record %d+ %(a key of 32 bytes, a value of %d+%) is not one of ricochet's")
-        assert_start_fails("is not one of ricochet's")
+        assert_check_fails("record %d+ %(key digest %x+, a value of %d+ bytes%) fails its checksum")
+        assert_start_fails("fails its checksum")
         assert_recovers()
     end)
 

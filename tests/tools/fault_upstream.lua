@@ -9,8 +9,9 @@
 --   delay_ms body_delay_ms reset("before_head"|"after_head"|"mid_body") reset_delay_ms close raw raw_hex silent
 --   (raw may be a list of pieces, sent apart: body_delay_ms after the first, chunk_delay_ms between the others)
 --   echo interim([R...], 1xx sent before the final head), early (raw bytes sent as soon as the request head is
---   read, before its body), early_hold (after early: hold the connection, never answer). A bare number is
---   shorthand for {"status": N}.
+--   read, before its body), early_hold (after early: hold the connection, never answer), hold_file (the
+--   answer waits until this file exists, at most 60 s: a spec releases it). A bare number is shorthand for
+--   {"status": N}.
 
 local socket = require("socket")
 local cjson = require("cjson")
@@ -681,6 +682,15 @@ local function answer(c, req, rec, r)
     local req_close, keepalive10 = wants_close(req)
     local closing = req_close or r.close
     if r.delay_ms then sleep_ms(c, r.delay_ms) end
+    if r.hold_file then
+        local give_up = gettime() + 60
+        for _ = 1, 1e5 do
+            local f = io.open(r.hold_file, "rb")
+            if f then f:close(); break end
+            if gettime() >= give_up then break end
+            sleep_ms(c, 10)
+        end
+    end
     if r.silent then
         -- hold the connection open without answering until the peer gives up
         for _ = 1, 1e9 do

@@ -24,14 +24,31 @@ conf_for(const char *name, int64_t size)
     return sc;
 }
 
+/* A record of len bytes (what follows the head is the caller's, written
+ * before), as idem.c makes one: a lock lapses on the boot clock, in this
+ * boot; sealed. */
 static void
-make_record(u_char *rec, int state, u_char token, int64_t ttl_ms)
+make_record(u_char *rec, size_t len, int state, u_char token, int64_t ttl_ms)
 {
     memset(rec, 0, RIC_IDEM_REC_HEAD);
     rec[0] = (u_char) state;
     ric_idem_put64(rec + RIC_IDEM_REC_EXPIRES, (uint64_t) (ric_idem_wall_ms() + ttl_ms));
     memset(rec + RIC_IDEM_REC_FP, 0xab, 32);
     memset(rec + RIC_IDEM_REC_TOKEN, token, RIC_IDEM_TOKEN_LEN);
+    if (state == RIC_IDEM_LOCKED) {
+        ric_idem_put64(rec + RIC_IDEM_REC_LAPSE, (uint64_t) (ric_idem_boot_ms() + ttl_ms));
+        memcpy(rec + RIC_IDEM_REC_BOOT, ric_idem_boot_id(), RIC_IDEM_ID_LEN);
+    }
+    ric_idem_record_seal(rec, len);
+}
+
+/* Both clocks a test moves: every lock and record written before is
+ * that much older. */
+static void
+later(int64_t ms)
+{
+    ric_idem_wall_skew_ms += ms;
+    ric_idem_boot_skew_ms += ms;
 }
 
 static void
@@ -52,11 +69,11 @@ test_claim_and_settle(void)
     }
     memset(key, 7, sizeof(key));
     memset(&op, 0, sizeof(op));
-    make_record(lock, RIC_IDEM_LOCKED, 1, 60000);
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 1, 60000);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op), RIC_IDEM_CLAIMED);
 
     UNIT_CASE("a second claim finds the lock, from another environment on the file too");
-    make_record(other, RIC_IDEM_LOCKED, 2, 60000);
+    make_record(other, sizeof(other), RIC_IDEM_LOCKED, 2, 60000);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_FOUND);
     UNIT_CHECK_INT(op.found.len, RIC_IDEM_REC_HEAD);
     UNIT_CHECK(op.found.len > 0 && op.found.data[0] == RIC_IDEM_LOCKED
@@ -74,14 +91,14 @@ test_claim_and_settle(void)
     UNIT_CASE("only the holder settles");
     memset(token1, 1, sizeof(token1));
     memset(token2, 2, sizeof(token2));
-    make_record(done, RIC_IDEM_DONE, 2, 60000);
     memcpy(done + RIC_IDEM_REC_HEAD, "0123456789", 10);
+    make_record(done, sizeof(done), RIC_IDEM_DONE, 2, 60000);
     ric_idem_store_settle(s, key, token2, done, sizeof(done), 60000, 0); /* not ours: ignored */
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_FOUND);
     UNIT_CHECK(op.found.len > 0 && op.found.data[0] == RIC_IDEM_LOCKED);
     ric_buf_free(&op.found);
-    make_record(done, RIC_IDEM_DONE, 1, 60000);
     memcpy(done + RIC_IDEM_REC_HEAD, "0123456789", 10);
+    make_record(done, sizeof(done), RIC_IDEM_DONE, 1, 60000);
     ric_idem_store_settle(s, key, token1, done, sizeof(done), 60000, 0);
     UNIT_CHECK_INT(ric_idem_store_claim(s2 ? s2 : s, key, other, sizeof(other), 60000, 0, &op),
                    RIC_IDEM_FOUND);
@@ -108,12 +125,12 @@ test_claim_and_settle(void)
 
     UNIT_CASE("an expired record counts as none, and the sweep deletes it");
     key[0] = 9;
-    make_record(lock, RIC_IDEM_LOCKED, 3, -1);
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 3, -1);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 1, 0, &op), RIC_IDEM_CLAIMED);
-    make_record(other, RIC_IDEM_LOCKED, 4, 60000);
+    make_record(other, sizeof(other), RIC_IDEM_LOCKED, 4, 60000);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op), RIC_IDEM_CLAIMED);
     key[0] = 10;
-    make_record(lock, RIC_IDEM_LOCKED, 3, -1);
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 3, -1);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 1, 0, &op), RIC_IDEM_CLAIMED);
     UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 1);
     UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 0);
@@ -141,7 +158,7 @@ test_full_map(void)
     }
     memset(&op, 0, sizeof(op));
     memset(big, 'x', sizeof(big));
-    make_record(big, RIC_IDEM_LOCKED, 5, 60000);
+    make_record(big, sizeof(big), RIC_IDEM_LOCKED, 5, 60000);
     for (i = 0; i < 64 && rc == RIC_IDEM_CLAIMED; i++) {
         memset(key, 0, sizeof(key));
         key[0] = (u_char) i;
@@ -158,14 +175,14 @@ test_full_map(void)
     if (s == NULL) {
         return;
     }
-    make_record(big, RIC_IDEM_LOCKED, 5, 1);
+    make_record(big, sizeof(big), RIC_IDEM_LOCKED, 5, 1);
     rc = RIC_IDEM_CLAIMED;
     for (i = 0; i < 64 && rc == RIC_IDEM_CLAIMED; i++) {
         key[0] = (u_char) i;
         rc = ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op);
     }
-    ric_idem_wall_skew_ms += 1000; /* every record written has expired now */
-    make_record(big, RIC_IDEM_LOCKED, 6, 60000);
+    later(1000); /* every record written has expired now */
+    make_record(big, sizeof(big), RIC_IDEM_LOCKED, 6, 60000);
     key[0] = 200;
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, big, sizeof(big), 60000, 0, &op), RIC_IDEM_CLAIMED);
     ric_idem_lmdb_close(s);
@@ -189,7 +206,7 @@ test_full_of_small(void)
     }
     memset(&op, 0, sizeof(op));
     memset(rec, 'y', sizeof(rec));
-    make_record(rec, RIC_IDEM_LOCKED, 7, 60000);
+    make_record(rec, sizeof(rec), RIC_IDEM_LOCKED, 7, 60000);
     memset(key, 0, sizeof(key));
     for (i = 0; i < 100000 && rc == RIC_IDEM_CLAIMED; i++) {
         memcpy(key, &i, sizeof(i));
@@ -198,8 +215,8 @@ test_full_of_small(void)
     }
     UNIT_CHECK_INT(rc, RIC_ERROR);
     UNIT_CHECK(filled > 100);
-    ric_idem_wall_skew_ms += 120000; /* two minutes later: every record has expired */
-    make_record(rec, RIC_IDEM_LOCKED, 8, 60000);
+    later(120000); /* two minutes later: every record has expired */
+    make_record(rec, sizeof(rec), RIC_IDEM_LOCKED, 8, 60000);
     for (i = 0; i < filled / 2; i++) {
         int n = 1000000 + i;
         memcpy(key, &n, sizeof(n));
@@ -284,6 +301,146 @@ test_backlog(void)
     ric_log->level = level;
 }
 
+/* Locks are timed by the boot clock of this boot, never by the wall
+ * clock; done records by the wall clock; old records (before the
+ * checksum) by their wall expiry. */
+static void
+test_lock_clocks(void)
+{
+    ric_idem_store_conf_t sc = conf_for("clocks.mdb", 1 << 20);
+    char err[512];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], lock[RIC_IDEM_REC_HEAD], other[RIC_IDEM_REC_HEAD];
+    u_char old[RIC_IDEM_OLD_HEAD];
+    ric_idem_op_t op;
+
+    UNIT_CASE("a wall clock stepped past a lock's wall expiry leaves it live, and swept never");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    memset(&op, 0, sizeof(op));
+    memset(key, 0x31, sizeof(key));
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 1, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+    ric_idem_wall_skew_ms += 90000; /* the wall clock steps +90 s */
+    UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 0);
+    make_record(other, sizeof(other), RIC_IDEM_LOCKED, 2, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    UNIT_CHECK(op.found.len > 0 && op.found.data[RIC_IDEM_REC_TOKEN] == 1);
+    ric_buf_free(&op.found);
+    UNIT_CHECK(!ric_idem_lock_lapsed((int64_t) ric_idem_get64(lock + RIC_IDEM_REC_LAPSE)));
+    ric_idem_wall_skew_ms -= 180000; /* ...and back, past where it was */
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    ric_buf_free(&op.found);
+    ric_idem_wall_skew_ms += 90000;
+
+    UNIT_CASE("a lock lapses on the boot clock, and is swept");
+    ric_idem_boot_skew_ms += 60000;
+    UNIT_CHECK(ric_idem_lock_lapsed((int64_t) ric_idem_get64(lock + RIC_IDEM_REC_LAPSE)));
+    UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 1);
+    ric_idem_boot_skew_ms -= 60000;
+
+    UNIT_CASE("a lock of another boot has lapsed: the host restarted");
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 3, 60000);
+    lock[RIC_IDEM_REC_BOOT] ^= 0xff;
+    ric_idem_record_seal(lock, sizeof(lock));
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+
+    UNIT_CASE("a lock of the format before the checksum keeps its wall expiry");
+    key[0] = 0x32;
+    memset(old, 0, sizeof(old));
+    old[0] = 'L';
+    ric_idem_put64(old + RIC_IDEM_REC_EXPIRES, (uint64_t) (ric_idem_wall_ms() + 60000));
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, old, sizeof(old), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    ric_buf_free(&op.found);
+    ric_idem_wall_skew_ms += 61000;
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, other, sizeof(other), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+    ric_idem_wall_skew_ms -= 61000;
+    ric_idem_lmdb_close(s);
+}
+
+/* A changed byte anywhere in a record fails its checksum: the reader says
+ * so, the check of the file names it, a claim finds it (never takes its
+ * key, even when the byte makes it look expired), the sweep keeps it. */
+static void
+test_checksum(void)
+{
+    ric_idem_store_conf_t sc = conf_for("sum.mdb", 1 << 20);
+    char err[512], why[400];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], token[RIC_IDEM_TOKEN_LEN], lock[RIC_IDEM_REC_HEAD];
+    u_char done[RIC_IDEM_REC_HEAD + 6 + 16 + 4], old[RIC_IDEM_OLD_HEAD + 6 + 4];
+    static const size_t at[] = { 0, RIC_IDEM_REC_EXPIRES + 7, RIC_IDEM_REC_CLIENT,
+                                 RIC_IDEM_REC_SUM, RIC_IDEM_REC_HEAD + 3,
+                                 RIC_IDEM_REC_HEAD + 6 + 16 + 2 };
+    ric_idem_record_t rec;
+    ric_idem_op_t op;
+    size_t i;
+    int declined = 1;
+
+    UNIT_CASE("a flipped byte in the head, the field length or the body fails the checksum");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    memset(&op, 0, sizeof(op));
+    memcpy(done + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x10X-Charge: ch_1\r\nbody", 26);
+    make_record(done, sizeof(done), RIC_IDEM_DONE, 1, 60000);
+    UNIT_CHECK_INT(ric_idem_record_parse(done, sizeof(done), &rec), RIC_OK);
+    UNIT_CHECK(rec.status == 201 && rec.fields.len == 16 && rec.body.len == 4 && !rec.old);
+    for (i = 0; i < ric_nelems(at); i++) {
+        done[at[i]] ^= 0x01;
+        declined &= ric_idem_record_parse(done, sizeof(done), &rec)
+                    == (at[i] == 0 ? RIC_ERROR : RIC_DECLINED); /* 'd' ^ 1 is no state */
+        done[at[i]] ^= 0x01;
+    }
+    UNIT_CHECK(declined);
+
+    UNIT_CASE("a record of the format before the checksum is read by its structure");
+    memset(old, 0, sizeof(old));
+    old[0] = 'D';
+    memcpy(old + RIC_IDEM_OLD_HEAD, "\x00\xc8\x00\x00\x00\x00" "body", 10);
+    UNIT_CHECK_INT(ric_idem_record_parse(old, sizeof(old), &rec), RIC_OK);
+    UNIT_CHECK(rec.old && rec.state == RIC_IDEM_DONE && rec.status == 200 && rec.body.len == 4
+               && rec.client == NULL);
+    old[RIC_IDEM_OLD_HEAD + 5] = 11; /* a field length past the record */
+    UNIT_CHECK_INT(ric_idem_record_parse(old, sizeof(old), &rec), RIC_ERROR);
+
+    UNIT_CASE("a damaged record is found by a claim, kept by the sweep, named by the check");
+    memset(key, 0x41, sizeof(key));
+    memset(token, 1, sizeof(token));
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 1, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+    done[RIC_IDEM_REC_HEAD + 6 + 16 + 2] ^= 0x01; /* a byte of its body */
+    ric_idem_store_settle(s, key, token, done, sizeof(done), 60000, 0);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    UNIT_CHECK(op.found.len == sizeof(done)
+               && ric_idem_record_parse(op.found.data, op.found.len, &rec) == RIC_DECLINED);
+    ric_buf_free(&op.found);
+    ric_idem_wall_skew_ms += 61000; /* it expired: a sound one would go */
+    UNIT_CHECK_INT(sweep((lmdb_store_t *) s, 1000), 0);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    ric_buf_free(&op.found);
+    ric_idem_wall_skew_ms -= 61000;
+    ric_idem_lmdb_close(s);
+    UNIT_CHECK_INT(ric_idem_lmdb_verify(&sc, why, sizeof(why)), RIC_DECLINED);
+    UNIT_CHECK(strstr(why, "fails its checksum") != NULL);
+}
+
 /* A meta page whose page size LMDB would divide by (0) or wrap with: the
  * check refuses the file with the size it found, before LMDB reads it. */
 static void
@@ -343,6 +500,8 @@ main(void)
     test_full_map();
     test_full_of_small();
     test_backlog();
+    test_lock_clocks();
+    test_checksum();
     test_verify_page_size();
     rc = UNIT_DONE("idem_lmdb");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
