@@ -953,6 +953,7 @@ claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t
     rc = mdb_get(txn, s->dbi, &k, &v);
     switch (live_record(s, rc, &v)) {
     case 1:
+        found->len = 0; /* a batch that aborted may have filled it already */
         ric_buf_put(found, v.mv_data, v.mv_size);
         mdb_txn_abort(txn);
         return RIC_IDEM_FOUND;

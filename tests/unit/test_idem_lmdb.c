@@ -328,6 +328,105 @@ test_verify_page_size(void)
     }
 }
 
+static int batch_done_calls;
+
+static void
+batch_done(ric_idem_op_t *op)
+{
+    (void) op;
+    batch_done_calls++;
+}
+
+/* Writes records of about one page each until the map is full, then
+ * deletes every other one: free pages everywhere, no two side by side,
+ * and the map's tail in use. */
+static void
+fragment(lmdb_store_t *s)
+{
+    MDB_txn *txn;
+    MDB_val k, v;
+    u_char key[RIC_IDEM_KEY_LEN], rec[3000];
+    int i, n, rc = 0;
+
+    memset(rec, 'f', sizeof(rec));
+    make_record(rec, RIC_IDEM_DONE_BARE, 9, 600000);
+    memset(key, 0xee, sizeof(key));
+    k.mv_data = key;
+    k.mv_size = sizeof(key);
+    for (n = 0; n < 100000 && rc == 0; n++) {
+        memcpy(key, &n, sizeof(n));
+        v.mv_data = rec;
+        v.mv_size = sizeof(rec);
+        if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+            break;
+        }
+        if ((rc = mdb_put(txn, s->dbi, &k, &v, 0)) != 0) {
+            mdb_txn_abort(txn);
+            break;
+        }
+        rc = mdb_txn_commit(txn);
+    }
+    for (i = 0; i < n; i += 2) {
+        memcpy(key, &i, sizeof(i));
+        if (mdb_txn_begin(s->env, NULL, 0, &txn) == 0) {
+            mdb_del(txn, s->dbi, &k, NULL);
+            mdb_txn_commit(txn);
+        }
+    }
+}
+
+/* One turn's batch: a claim that finds an answer, then a settle too large
+ * for the fragmented map (the batch aborts and each goes again alone): the
+ * claim's answer is the stored record, byte for byte, once. */
+static void
+test_batch_redo(void)
+{
+    ric_idem_store_conf_t sc = conf_for("redo.mdb", 1 << 20);
+    struct event_base *base = event_base_new();
+    char err[512];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, base, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], key2[RIC_IDEM_KEY_LEN], lock[RIC_IDEM_REC_HEAD];
+    u_char done[RIC_IDEM_REC_HEAD + 100], token[RIC_IDEM_TOKEN_LEN], *big;
+    size_t big_len = 40 * 4096;
+    ric_idem_op_t op;
+
+    UNIT_CASE("a batch that aborts on a settle that does not fit redoes its claims cleanly");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        fprintf(stderr, "%s\n", err);
+        event_base_free(base);
+        return;
+    }
+    memset(key, 0x31, sizeof(key));
+    memset(token, 1, sizeof(token));
+    make_record(done, RIC_IDEM_DONE, 1, 600000);
+    memcpy(done + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    memset(done + RIC_IDEM_REC_HEAD + 6, 'a', sizeof(done) - RIC_IDEM_REC_HEAD - 6);
+    UNIT_CHECK_INT(settle_one((lmdb_store_t *) s, key, token, done, sizeof(done)), 0);
+    fragment((lmdb_store_t *) s);
+
+    memset(&op, 0, sizeof(op));
+    op.done = batch_done;
+    make_record(lock, RIC_IDEM_LOCKED, 2, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op), RIC_AGAIN);
+    big = ric_xmalloc(big_len);
+    memset(big, 'b', big_len);
+    make_record(big, RIC_IDEM_DONE, 3, 600000);
+    memcpy(big + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    memset(key2, 0x32, sizeof(key2));
+    ric_idem_store_settle(s, key2, big + RIC_IDEM_REC_TOKEN, big, big_len, 60000, 0);
+    batch_done_calls = 0;
+    on_batch(-1, 0, s);
+    UNIT_CHECK_INT(batch_done_calls, 1);
+    UNIT_CHECK_INT(op.rc, RIC_IDEM_FOUND);
+    UNIT_CHECK_INT(op.found.len, sizeof(done));
+    UNIT_CHECK(op.found.len == sizeof(done) && memcmp(op.found.data, done, sizeof(done)) == 0);
+    ric_buf_free(&op.found);
+    free(big);
+    ric_idem_lmdb_close(s);
+    event_base_free(base);
+}
+
 int
 main(void)
 {
@@ -344,6 +443,7 @@ main(void)
     test_full_of_small();
     test_backlog();
     test_verify_page_size();
+    test_batch_redo();
     rc = UNIT_DONE("idem_lmdb");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
