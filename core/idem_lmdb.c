@@ -1334,7 +1334,12 @@ settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char
             break;
         }
         if (!make_room(s) && rec != NULL && len > RIC_IDEM_REC_HEAD) {
-            /* no room for the answer: at least the request stays done */
+            /* no room for the answer (a large one needs consecutive free
+             * pages, which a scattered free list may not have at any use):
+             * at least the request stays done */
+            ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": an answer of %zu bytes "
+                          "does not fit in the map (no run of free pages that long: raise size=): "
+                          "kept as done without it", s->base.conf->spec, len);
             memcpy(bare, rec, RIC_IDEM_REC_HEAD);
             bare[0] = RIC_IDEM_DONE_BARE;
             rec = bare;
