@@ -83,9 +83,14 @@ describe("the LMDB store's files at run time", function()
     end)
 
     after_each(function()
-        for _, gw in ipairs(gws) do pcall(gw.stop, gw) end
+        local failed
+        for _, gw in ipairs(gws) do
+            local ok, err = pcall(gw.stop, gw) -- under ASan: fails on any sanitizer report
+            failed = failed or (not ok and err)
+        end
         if held then held:close(); held = nil end
         if dir then os.execute("rm -rf " .. H.shell_quote(dir)) end
+        if failed then error(failed, 0) end
     end)
 
     -- n keyed POSTs of answers of `size` bytes through port, each run once; returns their keys.
