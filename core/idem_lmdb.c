@@ -308,7 +308,7 @@ on_tick(evutil_socket_t fd, short what, void *arg)
     /* idempotency_sync off: at most this much is only in the page cache
      * (a flush write-protects the pages it cleans, and the next write to
      * each faults: flushing more often costs more than its write) */
-    if (s->dirty && ric_now_ms() - s->flushed_ms >= FLUSH_EVERY_MS) {
+    if (s->dirty && s->broken[0] == '\0' && ric_now_ms() - s->flushed_ms >= FLUSH_EVERY_MS) {
         s->flushed_ms = ric_now_ms();
         flush_ask(s);
     }
@@ -714,7 +714,7 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
     char lock[4200], buf[400];
     struct stat st;
     ssize_t n, got = 0;
-    int fds[2], status, devnull;
+    int fds[2], status, devnull, fd;
     pid_t pid;
 
     why[0] = '\0';
@@ -727,17 +727,17 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
     /* files this process may not write are no finding about the store:
      * said as what they are, and never moved aside for it */
     snprintf(lock, sizeof(lock), "%s-lock", sc->path);
-    if ((devnull = open(sc->path, O_RDWR | O_CLOEXEC)) == -1) {
+    if ((fd = open(sc->path, O_RDWR | O_CLOEXEC)) == -1) {
         snprintf(why, len, "cannot open \"%s\" for writing: %s", sc->path, strerror(errno));
         return RIC_ERROR;
     }
-    close(devnull);
-    if ((devnull = open(lock, O_RDWR | O_CLOEXEC)) == -1 && errno != ENOENT) {
+    close(fd);
+    if ((fd = open(lock, O_RDWR | O_CLOEXEC)) == -1 && errno != ENOENT) {
         snprintf(why, len, "cannot open lock file %s: %s", lock, strerror(errno));
         return RIC_ERROR;
     }
-    if (devnull != -1) {
-        close(devnull);
+    if (fd != -1) {
+        close(fd);
     }
     if (st.st_size == 0) {
         if (access(lock, F_OK) != 0) {
@@ -1146,7 +1146,8 @@ ric_idem_lmdb_close(ric_idem_store_t *base)
     }
     if (s->thread_started) {
         pthread_mutex_lock(&s->mu);
-        s->want_gen++; /* a last flush on the way out */
+        /* a last flush on the way out, of a file that is still ours */
+        s->want_gen += s->broken[0] == '\0';
         s->stop = 1;
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);

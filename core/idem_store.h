@@ -179,7 +179,8 @@ int ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen);
  * ric_idem_record_parse reads it). RIC_OK: sound, or no file yet (also an
  * empty file without its lock file: one never written); RIC_DECLINED:
  * damaged or truncated, why says how; RIC_ERROR: it could not be checked
- * (why says). */
+ * (why says), e.g. it or its lock file cannot be opened for writing by this
+ * process: no finding about the file, never moved aside for it. */
 int ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len);
 
 /* The master, before any worker starts: every damaged LMDB file of conf
