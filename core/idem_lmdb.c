@@ -26,6 +26,7 @@ static void lmdb_settle(ric_idem_store_t *base, const u_char *key, const u_char 
 #define ROOM_AT_ONCE 4096   /* records looked at to make room in a full map */
 #define HIGH_WATER_PCT 80   /* claims stop above this much of the map: deletes need room too */
 #define ANSWERS_PCT 90      /* answers are kept as "done" only above this much */
+#define RC_REFUSED (-40000) /* the store is not the one opened any more: never written again */
 
 typedef struct {
     ric_idem_store_t base;
@@ -57,6 +58,15 @@ typedef struct {
     ric_idem_backlog_t backlog; /* settles whose write failed: tried again each tick */
     const u_char *map;    /* the map (WRITEMAP: every value lies in it), else NULL */
     size_t map_size;
+    int writemap;
+    pthread_mutex_t map_mu; /* a resize remaps while the flusher would sync the old map */
+
+    /* the files this store opened: checked before each write transaction */
+    char *lock_path;
+    dev_t dev, lock_dev;
+    ino_t ino, lock_ino;
+    int64_t file_size;    /* the data file's at open: a file that shrinks faults the map */
+    char broken[320];     /* why it is refused from now on ("": sound) */
 } lmdb_store_t;
 
 /* A claim or a settle waiting for the turn's transaction. */
@@ -76,6 +86,8 @@ typedef struct batch_item_s {
 
 static void on_batch(evutil_socket_t fd, short what, void *arg);
 static void backlog_retry(lmdb_store_t *s);
+static int txn_begin(lmdb_store_t *s, MDB_txn **txn);
+static int store_sound(lmdb_store_t *s);
 
 static void *
 flusher(void *arg)
@@ -94,7 +106,9 @@ flusher(void *arg)
         }
         gen = s->want_gen;
         pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&s->map_mu);
         rc = mdb_env_sync(s->env, 1);
+        pthread_mutex_unlock(&s->map_mu);
         pthread_mutex_lock(&s->mu);
         s->done_gen = gen;
         s->sync_err = rc;
@@ -264,7 +278,7 @@ make_room(lmdb_store_t *s)
     MDB_val k = { sizeof(mark_key), mark_key }, v = { sizeof(mark), mark };
     int gone = sweep(s, ROOM_AT_ONCE);
 
-    if (gone > 0 && mdb_txn_begin(s->env, NULL, 0, &txn) == 0) {
+    if (gone > 0 && txn_begin(s, &txn) == 0) {
         /* a value too short to be a record: the next sweep deletes it */
         ric_idem_put64(mark, (uint64_t) ric_idem_wall_ms());
         if (mdb_put(txn, s->dbi, &k, &v, 0) == 0) {
@@ -290,7 +304,7 @@ filled_over(lmdb_store_t *s, MDB_txn *txn, uint64_t extra, int pct)
     }
     used = (uint64_t) st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages
            + extra / st.ms_psize + 1;
-    pages = (uint64_t) s->base.conf->map_size / st.ms_psize;
+    pages = (uint64_t) s->map_size / st.ms_psize; /* the map's, after any resize */
     return used * 100 > pages * (uint64_t) pct;
 }
 
@@ -310,8 +324,13 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 
     (void) fd;
     (void) what;
-    backlog_retry(s);
-    gone = sweep(s, SWEEP_AT_ONCE);
+    /* a file shrunk under the map faults whatever reads it: none is read
+     * unless the file is still the one opened, whole */
+    gone = 0;
+    if (store_sound(s) == 0) {
+        backlog_retry(s);
+        gone = sweep(s, SWEEP_AT_ONCE);
+    }
 
     /* while it keeps finding expired records, it comes back soon */
     tv = ric_ms_to_tv(gone > 0 && !s->swept_all ? SWEEP_BUSY_MS : SWEEP_EVERY_MS);
@@ -319,7 +338,7 @@ on_tick(evutil_socket_t fd, short what, void *arg)
     /* idempotency_sync off: at most this much is only in the page cache
      * (a flush write-protects the pages it cleans, and the next write to
      * each faults: flushing more often costs more than its write) */
-    if (s->dirty && ric_now_ms() - s->flushed_ms >= FLUSH_EVERY_MS) {
+    if (s->dirty && s->broken[0] == '\0' && ric_now_ms() - s->flushed_ms >= FLUSH_EVERY_MS) {
         s->flushed_ms = ric_now_ms();
         flush_ask(s);
     }
@@ -353,6 +372,7 @@ reserve(const char *path, int64_t size)
 /* --- the check of a file at start ------------------------------------------ */
 
 #define VERIFY_DAMAGED 3     /* the child's exit code for a finding */
+#define VERIFY_ERROR 4       /* ...and for a file it could not open (not a finding) */
 #define VERIFY_LIMIT_S 300   /* a check that runs longer is given up */
 
 /*
@@ -593,7 +613,8 @@ meta_sound(const char *path, off_t file_size, char *why, size_t len)
     return rc;
 }
 
-/* The child's walk: 0 sound, else why holds the finding. */
+/* The child's walk: 0 sound, VERIFY_ERROR when it could not open the file,
+ * else why holds the finding. */
 static int
 verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t len)
 {
@@ -616,6 +637,7 @@ verify_walk(const ric_idem_store_conf_t *sc, off_t file_size, char *why, size_t 
     if ((rc = mdb_env_create(&env)) != 0 || (rc = mdb_env_set_mapsize(env, (size_t) sc->map_size))
         || (rc = mdb_env_open(env, sc->path, MDB_NOSUBDIR | MDB_RDONLY | MDB_NORDAHEAD, 0600))) {
         snprintf(why, len, "LMDB cannot open it: %s", mdb_strerror(rc));
+        found = rc > 0 ? VERIFY_ERROR : 1; /* an errno: the system's refusal, not the file's */
         goto done;
     }
     if ((rc = mdb_env_info(env, &info)) != 0 || (rc = mdb_env_stat(env, &st)) != 0) {
@@ -731,7 +753,7 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
     char lock[4200], buf[400];
     struct stat st;
     ssize_t n, got = 0;
-    int fds[2], status, devnull;
+    int fds[2], status, devnull, fd;
     pid_t pid;
 
     why[0] = '\0';
@@ -741,8 +763,22 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
     if (!S_ISREG(st.st_mode)) {
         return RIC_OK; /* opening it says what it is */
     }
+    /* files this process may not write are no finding about the store:
+     * said as what they are, and never moved aside for it */
+    snprintf(lock, sizeof(lock), "%s-lock", sc->path);
+    if ((fd = open(sc->path, O_RDWR | O_CLOEXEC)) == -1) {
+        snprintf(why, len, "cannot open \"%s\" for writing: %s", sc->path, strerror(errno));
+        return RIC_ERROR;
+    }
+    close(fd);
+    if ((fd = open(lock, O_RDWR | O_CLOEXEC)) == -1 && errno != ENOENT) {
+        snprintf(why, len, "cannot open lock file %s: %s", lock, strerror(errno));
+        return RIC_ERROR;
+    }
+    if (fd != -1) {
+        close(fd);
+    }
     if (st.st_size == 0) {
-        snprintf(lock, sizeof(lock), "%s-lock", sc->path);
         if (access(lock, F_OK) != 0) {
             return RIC_OK; /* made, never written: LMDB makes it its own */
         }
@@ -769,10 +805,10 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
             dup2(devnull, STDERR_FILENO);
         }
         alarm(VERIFY_LIMIT_S);
-        if (verify_walk(sc, st.st_size, buf, sizeof(buf)) != 0) {
+        if ((status = verify_walk(sc, st.st_size, buf, sizeof(buf))) != 0) {
             n = write(fds[1], buf, strlen(buf));
             (void) n;
-            _exit(VERIFY_DAMAGED);
+            _exit(status == VERIFY_ERROR ? VERIFY_ERROR : VERIFY_DAMAGED);
         }
         _exit(0);
     }
@@ -789,6 +825,10 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         return RIC_OK;
     }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == VERIFY_ERROR) {
+        snprintf(why, len, "%s", buf);
+        return RIC_ERROR;
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == VERIFY_DAMAGED) {
         snprintf(why, len, "%s", buf);
     } else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) {
@@ -800,6 +840,217 @@ ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len)
     return RIC_DECLINED;
 }
 
+/* --- the store is the one opened ------------------------------------------ */
+
+/* The bytes the newer meta page's pages reach (its last page, plus one,
+ * times the page size), read without mapping the file. 0, or -1 with why. */
+static int
+meta_need(const char *path, uint64_t *need, char *why, size_t len)
+{
+    u_char meta[META_TXNID + 8];
+    uint32_t magic, psize = 0;
+    uint64_t best = 0;
+    int fd, i, found = 0;
+
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) == -1) {
+        snprintf(why, len, "it cannot be read: %s", strerror(errno));
+        return -1;
+    }
+    for (i = 0; i < 2; i++) {
+        if (pread(fd, meta, sizeof(meta), (off_t) i * psize) != (ssize_t) sizeof(meta)) {
+            break;
+        }
+        memcpy(&magic, meta + META_MAGIC, sizeof(magic));
+        if (i == 0) {
+            memcpy(&psize, meta + META_DBS, sizeof(psize));
+        }
+        if (!(get_half(meta + 10) & P_META) || magic != MDB_MAGIC_WORD || psize < 512) {
+            break;
+        }
+        if (!found || get_word(meta + META_TXNID) > best) {
+            best = get_word(meta + META_TXNID);
+            *need = (get_word(meta + META_LAST_PG) + 1) * psize;
+        }
+        found = 1;
+    }
+    close(fd);
+    if (!found) {
+        snprintf(why, len, "it has no meta page any more");
+        return -1;
+    }
+    return 0;
+}
+
+/* A worker's, before it opens the file: whether path and its lock file are
+ * still the ones the master checked (sc), the data file no shorter than it
+ * was then nor than its pages. 0, or -1 with what changed in why. */
+static int
+same_store(const ric_idem_store_conf_t *sc, const char *lock, char *why, size_t len)
+{
+    struct stat st;
+    uint64_t need = 0;
+
+    if (stat(sc->path, &st) != 0) {
+        snprintf(why, len, "it is gone since the master checked it (%s)", strerror(errno));
+        return -1;
+    }
+    if (st.st_dev != sc->dev || st.st_ino != sc->ino) {
+        snprintf(why, len, "another file took its path since the master checked it (replaced or "
+                 "moved)");
+        return -1;
+    }
+    if ((int64_t) st.st_size < sc->checked_size) {
+        snprintf(why, len, "it was truncated to %lld bytes since the master checked it (it had "
+                 "%lld)", (long long) st.st_size, (long long) sc->checked_size);
+        return -1;
+    }
+    if (meta_need(sc->path, &need, why, len) != 0) {
+        return -1;
+    }
+    if (need > (uint64_t) st.st_size) {
+        snprintf(why, len, "it is truncated: its pages reach byte %llu, the file has %lld",
+                 (unsigned long long) need, (long long) st.st_size);
+        return -1;
+    }
+    if (stat(lock, &st) != 0) {
+        snprintf(why, len, "its lock file %s is gone (%s): a process that made a new one would "
+                 "not exclude the writers holding the old", lock, strerror(errno));
+        return -1;
+    }
+    if (st.st_dev != sc->lock_dev || st.st_ino != sc->lock_ino) {
+        snprintf(why, len, "its lock file %s is not the one the master checked: writers would "
+                 "not exclude each other", lock);
+        return -1;
+    }
+    return 0;
+}
+
+/* Before each write transaction and each tick: whether the files are
+ * still the ones this store opened, and the data file as long as its map
+ * needs (a shorter one faults the process with SIGBUS). 0, or RC_REFUSED,
+ * from then on, logged once. One fstat and two stats: a write transaction
+ * serves a whole turn of the loop. */
+static int
+store_sound(lmdb_store_t *s)
+{
+    struct stat st;
+    char why[256];
+    int fd;
+
+    if (s->broken[0] != '\0') {
+        return RC_REFUSED;
+    }
+    if (mdb_env_get_fd(s->env, &fd) != 0 || fstat(fd, &st) != 0) {
+        snprintf(why, sizeof(why), "it cannot be looked at: %s", strerror(errno));
+    } else if ((int64_t) st.st_size < s->file_size) {
+        snprintf(why, sizeof(why), "it was truncated to %lld bytes while in use (it had %lld)",
+                 (long long) st.st_size, (long long) s->file_size);
+    } else if (stat(s->base.conf->path, &st) != 0) {
+        snprintf(why, sizeof(why), "it is gone from its path while in use (%s)", strerror(errno));
+    } else if (st.st_dev != s->dev || st.st_ino != s->ino) {
+        snprintf(why, sizeof(why), "another file took its path while in use (replaced or moved)");
+    } else if (stat(s->lock_path, &st) != 0) {
+        snprintf(why, sizeof(why), "its lock file %s is gone (%s): a process that made a new one "
+                 "would not exclude this one's writes", s->lock_path, strerror(errno));
+    } else if (st.st_dev != s->lock_dev || st.st_ino != s->lock_ino) {
+        snprintf(why, sizeof(why), "its lock file %s was replaced while in use: writers would not "
+                 "exclude each other", s->lock_path);
+    } else {
+        return 0;
+    }
+    snprintf(s->broken, sizeof(s->broken), "\"%s\" is not the store this worker opened: %s",
+             s->base.conf->path, why);
+    ric_log_error(RIC_LOG_ALERT, 0, "idempotency store \"%s\": %s: it is no longer read nor "
+                  "written, and keyed requests on it fail (idempotency_store_failure) until the "
+                  "gateway is restarted on a sound file (ricochet -t checks it)",
+                  s->base.conf->spec, s->broken);
+    return RC_REFUSED;
+}
+
+/* Another process (a reload that raised size=, another gateway) grew the
+ * map past this one's: its size, now in the file, is taken at once (LMDB
+ * 0.9's remedy for MDB_MAP_RESIZED), and its pages reserved on disk. */
+static int
+adopt_size(lmdb_store_t *s)
+{
+    MDB_envinfo info;
+    struct stat st;
+    size_t was = s->map_size;
+    int rc, fd;
+
+    pthread_mutex_lock(&s->map_mu);
+    rc = mdb_env_set_mapsize(s->env, 0);
+    pthread_mutex_unlock(&s->map_mu);
+    if (rc != 0 || (rc = mdb_env_info(s->env, &info)) != 0) {
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": cannot take the map's new size: "
+                      "%s", s->base.conf->spec, mdb_strerror(rc));
+        return rc;
+    }
+    s->map_size = info.me_mapsize;
+    s->map = s->writemap ? info.me_mapaddr : NULL;
+    if (mdb_env_get_fd(s->env, &fd) == 0) {
+        if (s->writemap && fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t) s->map_size) != 0) {
+            ric_log_error(RIC_LOG_CRIT, 0, "idempotency store \"%s\": cannot reserve the map's "
+                          "new %zu bytes on disk: %s (a full disk would stop the worker that "
+                          "writes there)", s->base.conf->spec, s->map_size, strerror(errno));
+        }
+        if (fstat(fd, &st) == 0 && (int64_t) st.st_size > s->file_size) {
+            s->file_size = (int64_t) st.st_size;
+        }
+    }
+    ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": its map grew from %zu to %zu "
+                  "bytes (size= raised elsewhere): taken", s->base.conf->spec, was, s->map_size);
+    return 0;
+}
+
+/* Every write transaction begins here: on a store still sound, at the
+ * map's current size. 0, RC_REFUSED, or LMDB's error. */
+static int
+txn_begin(lmdb_store_t *s, MDB_txn **txn)
+{
+    int rc;
+
+    if (store_sound(s) != 0) {
+        return RC_REFUSED;
+    }
+    rc = mdb_txn_begin(s->env, NULL, 0, txn);
+    if (rc == MDB_MAP_RESIZED && adopt_size(s) == 0) {
+        rc = mdb_txn_begin(s->env, NULL, 0, txn);
+    }
+    return rc;
+}
+
+/* The files as open: recorded for store_sound, and (a worker's) compared
+ * with the ones the master checked. 0, or -1 with why. */
+static int
+note_files(lmdb_store_t *s, int worker, char *why, size_t len)
+{
+    const ric_idem_store_conf_t *sc = s->base.conf;
+    struct stat st;
+    int fd;
+
+    if (mdb_env_get_fd(s->env, &fd) != 0 || fstat(fd, &st) != 0) {
+        snprintf(why, len, "cannot look at \"%s\": %s", sc->path, strerror(errno));
+        return -1;
+    }
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
+    s->file_size = (int64_t) st.st_size;
+    if (stat(s->lock_path, &st) != 0) {
+        snprintf(why, len, "cannot look at \"%s\": %s", s->lock_path, strerror(errno));
+        return -1;
+    }
+    s->lock_dev = st.st_dev;
+    s->lock_ino = st.st_ino;
+    if (worker && sc->ino != 0
+        && (s->dev != sc->dev || s->ino != sc->ino || s->lock_dev != sc->lock_dev
+            || s->lock_ino != sc->lock_ino)) {
+        snprintf(why, len, "\"%s\" or its lock file changed while it was opened", sc->path);
+        return -1;
+    }
+    return 0;
+}
+
 ric_idem_store_t *
 ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t errlen)
 {
@@ -807,7 +1058,9 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     MDB_txn *txn;
     MDB_envinfo info;
     struct timeval tv;
+    struct stat st;
     sigset_t all, mask;
+    size_t n = strlen(sc->path) + sizeof("-lock");
     int rc, dead, reserved;
 
     s->base.kind = RIC_IDEM_STORE_LMDB;
@@ -816,17 +1069,35 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     s->efd = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->map_mu, NULL);
+    s->lock_path = ric_xmalloc(n);
+    snprintf(s->lock_path, n, "%s-lock", sc->path);
+    /* a worker (a respawned one too) opens the file its generation's master
+     * checked, or none: never a fresh store made in place of a lost one */
+    if (base != NULL && sc->ino != 0 && same_store(sc, s->lock_path, s->broken,
+                                                   sizeof(s->broken)) != 0) {
+        snprintf(err, errlen, "\"%s\" is not the store the master checked: %s (restart the "
+                 "gateway on a sound file: ricochet -t checks it)", sc->path, s->broken);
+        ric_idem_lmdb_close(&s->base);
+        return NULL;
+    }
+    /* a map smaller than the file would cut it (LMDB sizes a written-in-
+     * place file to its map), under the processes whose map is larger: the
+     * larger of size= and the file's own is taken */
+    if (stat(sc->path, &st) == 0 && st.st_size > sc->map_size) {
+        s->map_size = (size_t) st.st_size;
+    }
     if ((rc = mdb_env_create(&s->env)) != 0) {
         goto failed;
     }
-    if ((rc = mdb_env_set_mapsize(s->env, (size_t) sc->map_size)) != 0) {
+    if ((rc = mdb_env_set_mapsize(s->env, s->map_size)) != 0) {
         goto failed;
     }
     /* one file, shared by every worker; fsync is ours to schedule. The
      * map is written in place (WRITEMAP) where it is reserved on disk: no
      * copy of each dirty page per commit, and what a commit wrote is in
      * the page cache, so a gateway that crashes loses nothing */
-    reserved = reserve(sc->path, sc->map_size);
+    reserved = reserve(sc->path, (int64_t) s->map_size);
     if (reserved < 0) {
         rc = errno;
         if (rc == ENOSPC || rc == EDQUOT || rc == EFBIG) {
@@ -855,9 +1126,14 @@ ric_idem_lmdb_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err
     if ((rc = mdb_txn_commit(txn)) != 0) {
         goto failed; /* a failed commit frees the transaction itself */
     }
+    s->writemap = reserved;
     if (mdb_env_info(s->env, &info) == 0) {
         s->map_size = info.me_mapsize;
         s->map = reserved ? info.me_mapaddr : NULL;
+    }
+    if (note_files(s, base != NULL, err, errlen) != 0) {
+        ric_idem_lmdb_close(&s->base);
+        return NULL;
     }
     if (base == NULL) {
         return &s->base; /* the master's check: no loop, no thread */
@@ -909,7 +1185,8 @@ ric_idem_lmdb_close(ric_idem_store_t *base)
     }
     if (s->thread_started) {
         pthread_mutex_lock(&s->mu);
-        s->want_gen++; /* a last flush on the way out */
+        /* a last flush on the way out, of a file that is still ours */
+        s->want_gen += s->broken[0] == '\0';
         s->stop = 1;
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);
@@ -929,16 +1206,19 @@ ric_idem_lmdb_close(ric_idem_store_t *base)
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->map_mu);
+    free(s->lock_path);
     free(s);
 }
 
 static const char *
 write_failure(lmdb_store_t *s, int rc, char *buf, size_t len)
 {
-    if (rc == MDB_MAP_FULL) {
+    if (rc == RC_REFUSED) {
+        snprintf(buf, len, "%.*s", (int) len - 1, s->broken); /* logged whole once */
+    } else if (rc == MDB_MAP_FULL) {
         snprintf(buf, len, "the LMDB map of %lld bytes is full (raise size= of "
-                 "idempotency_store, or lower idempotency_ttl)",
-                 (long long) s->base.conf->map_size);
+                 "idempotency_store, or lower idempotency_ttl)", (long long) s->map_size);
     } else if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_BAD_TXN) {
         snprintf(buf, len, "\"%s\" looks damaged (%s): stop the gateway and run ricochet -t, "
                  "which says what is wrong and what to do", s->base.conf->path, mdb_strerror(rc));
@@ -990,7 +1270,7 @@ claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t
     MDB_val k, v;
     int rc;
 
-    if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+    if ((rc = txn_begin(s, &txn)) != 0) {
         return rc;
     }
     k.mv_data = (void *) key;
@@ -998,6 +1278,7 @@ claim_txn(lmdb_store_t *s, const u_char *key, u_char *rec, size_t len, ric_buf_t
     rc = mdb_get(txn, s->dbi, &k, &v);
     switch (live_record(s, rc, &v)) {
     case 1:
+        found->len = 0; /* a batch that aborted may have filled it already */
         ric_buf_put(found, v.mv_data, v.mv_size);
         mdb_txn_abort(txn);
         return RIC_IDEM_FOUND;
@@ -1085,7 +1366,7 @@ settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char
     int rc, tries;
 
     for (tries = 0; tries < 3; tries++) {
-        if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+        if ((rc = txn_begin(s, &txn)) != 0) {
             break;
         }
         if ((rc = settle_in(s, txn, key, token, rec, len)) != 0) {
@@ -1098,7 +1379,12 @@ settle_one(lmdb_store_t *s, const u_char *key, const u_char *token, const u_char
             break;
         }
         if (!make_room(s) && rec != NULL && len > RIC_IDEM_REC_HEAD) {
-            /* no room for the answer: at least the request stays done */
+            /* no room for the answer (a large one needs consecutive free
+             * pages, which a scattered free list may not have at any use):
+             * at least the request stays done */
+            ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": an answer of %zu bytes "
+                          "does not fit in the map (no run of free pages that long: raise size=): "
+                          "kept as done without it", s->base.conf->spec, len);
             ric_idem_record_bare(rec, bare);
             rec = bare;
             len = sizeof(bare);
@@ -1180,7 +1466,7 @@ on_batch(evutil_socket_t fd, short what, void *arg)
             it->kept = 1;
         }
     }
-    if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
+    if (txn_begin(s, &txn) != 0) {
         txn = NULL;
     } else if (nearly_full(s, txn)) {
         rc = MDB_MAP_FULL; /* each on its own, with room made first */
@@ -1308,6 +1594,7 @@ static int
 lmdb_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
 {
     ric_idem_store_t *s;
+    lmdb_store_t *ls;
     int rc;
 
     /* a damaged file is never opened for writing: the config decides
@@ -1317,15 +1604,24 @@ lmdb_check(ric_idem_store_conf_t *sc, char *err, size_t errlen)
     if (rc == RIC_DECLINED) {
         return RIC_OK;
     }
-    sc->damaged[0] = '\0';
     if (rc == RIC_ERROR) {
-        snprintf(err, errlen, "cannot check LMDB file \"%s\"", sc->path);
+        /* not a finding about the file: nothing is moved aside for it */
+        snprintf(err, errlen, "cannot check LMDB file \"%s\": %s", sc->path, sc->damaged);
+        sc->damaged[0] = '\0';
         return RIC_ERROR;
     }
+    sc->damaged[0] = '\0';
     s = ric_idem_lmdb_open(sc, NULL, err, errlen);
     if (s == NULL) {
         return RIC_ERROR;
     }
+    /* what this generation's workers will open, and nothing else */
+    ls = (lmdb_store_t *) s;
+    sc->dev = ls->dev;
+    sc->ino = ls->ino;
+    sc->lock_dev = ls->lock_dev;
+    sc->lock_ino = ls->lock_ino;
+    sc->checked_size = ls->file_size;
     ric_idem_lmdb_close(s);
     return RIC_OK;
 }

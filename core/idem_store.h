@@ -74,6 +74,12 @@ struct ric_idem_store_conf_s {
     const char *file;    /* where it was first named, for errors */
     int line;
     char damaged[400];   /* LMDB: why the file failed its check when the config was read ("": sound) */
+    /* LMDB: the data and lock files as the master's check left them (st_dev,
+     * st_ino; the data file's size): a worker uses no other (ino 0: not
+     * checked, as in the unit tests) */
+    dev_t dev, lock_dev;
+    ino_t ino, lock_ino;
+    int64_t checked_size;
     ric_idem_store_t *store; /* this worker's open store (opened after fork) */
     ric_idem_counters_t *counters; /* in the shared zone; NULL: not counted */
     ric_idem_store_conf_t *next;
@@ -214,7 +220,8 @@ int ric_idem_store_check(ric_idem_store_conf_t *sc, char *err, size_t errlen);
  * checksum, as ric_idem_record_parse reads them). RIC_OK: sound, or no file yet (also an
  * empty file without its lock file: one never written); RIC_DECLINED:
  * damaged or truncated, why says how; RIC_ERROR: it could not be checked
- * (why says). */
+ * (why says), e.g. it or its lock file cannot be opened for writing by this
+ * process: no finding about the file, never moved aside for it. */
 int ric_idem_lmdb_verify(const ric_idem_store_conf_t *sc, char *why, size_t len);
 
 /* The master, before any worker starts: every damaged LMDB file of conf

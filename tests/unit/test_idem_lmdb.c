@@ -485,6 +485,200 @@ test_verify_page_size(void)
     }
 }
 
+static int batch_done_calls;
+
+static void
+batch_done(ric_idem_op_t *op)
+{
+    (void) op;
+    batch_done_calls++;
+}
+
+/* Writes records of about one page each until the map is full, then
+ * deletes every other one: free pages everywhere, no two side by side,
+ * and the map's tail in use. */
+static void
+fragment(lmdb_store_t *s)
+{
+    MDB_txn *txn;
+    MDB_val k, v;
+    u_char key[RIC_IDEM_KEY_LEN], rec[3000];
+    int i, n, rc = 0;
+
+    memset(rec, 'f', sizeof(rec));
+    make_record(rec, RIC_IDEM_DONE_BARE, 9, 600000);
+    memset(key, 0xee, sizeof(key));
+    k.mv_data = key;
+    k.mv_size = sizeof(key);
+    for (n = 0; n < 100000 && rc == 0; n++) {
+        memcpy(key, &n, sizeof(n));
+        v.mv_data = rec;
+        v.mv_size = sizeof(rec);
+        if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)) != 0) {
+            break;
+        }
+        if ((rc = mdb_put(txn, s->dbi, &k, &v, 0)) != 0) {
+            mdb_txn_abort(txn);
+            break;
+        }
+        rc = mdb_txn_commit(txn);
+    }
+    for (i = 0; i < n; i += 2) {
+        memcpy(key, &i, sizeof(i));
+        if (mdb_txn_begin(s->env, NULL, 0, &txn) == 0) {
+            mdb_del(txn, s->dbi, &k, NULL);
+            mdb_txn_commit(txn);
+        }
+    }
+}
+
+/* One turn's batch: a claim that finds an answer, then a settle too large
+ * for the fragmented map (the batch aborts and each goes again alone): the
+ * claim's answer is the stored record, byte for byte, once. */
+static void
+test_batch_redo(void)
+{
+    ric_idem_store_conf_t sc = conf_for("redo.mdb", 1 << 20);
+    struct event_base *base = event_base_new();
+    char err[512];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, base, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], key2[RIC_IDEM_KEY_LEN], lock[RIC_IDEM_REC_HEAD];
+    u_char done[RIC_IDEM_REC_HEAD + 100], token[RIC_IDEM_TOKEN_LEN], *big;
+    size_t big_len = 40 * 4096;
+    ric_idem_op_t op;
+
+    UNIT_CASE("a batch that aborts on a settle that does not fit redoes its claims cleanly");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        fprintf(stderr, "%s\n", err);
+        event_base_free(base);
+        return;
+    }
+    memset(key, 0x31, sizeof(key));
+    memset(token, 1, sizeof(token));
+    make_record(done, RIC_IDEM_DONE, 1, 600000);
+    memcpy(done + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    memset(done + RIC_IDEM_REC_HEAD + 6, 'a', sizeof(done) - RIC_IDEM_REC_HEAD - 6);
+    UNIT_CHECK_INT(settle_one((lmdb_store_t *) s, key, token, done, sizeof(done)), 0);
+    fragment((lmdb_store_t *) s);
+
+    memset(&op, 0, sizeof(op));
+    op.done = batch_done;
+    make_record(lock, RIC_IDEM_LOCKED, 2, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op), RIC_AGAIN);
+    big = ric_xmalloc(big_len);
+    memset(big, 'b', big_len);
+    make_record(big, RIC_IDEM_DONE, 3, 600000);
+    memcpy(big + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    memset(key2, 0x32, sizeof(key2));
+    ric_idem_store_settle(s, key2, big + RIC_IDEM_REC_TOKEN, big, big_len, 60000, 0);
+    batch_done_calls = 0;
+    on_batch(-1, 0, s);
+    UNIT_CHECK_INT(batch_done_calls, 1);
+    UNIT_CHECK_INT(op.rc, RIC_IDEM_FOUND);
+    UNIT_CHECK_INT(op.found.len, sizeof(done));
+    UNIT_CHECK(op.found.len == sizeof(done) && memcmp(op.found.data, done, sizeof(done)) == 0);
+    ric_buf_free(&op.found);
+    free(big);
+    ric_idem_lmdb_close(s);
+    event_base_free(base);
+}
+
+/* A map grown by another environment with a larger size= is taken at the
+ * next write; a smaller size= never cuts a larger file. */
+static void
+test_resize_adopted(void)
+{
+    ric_idem_store_conf_t sc1 = conf_for("grow.mdb", 1 << 20), sc2;
+    char err[512];
+    ric_idem_store_t *s1 = ric_idem_lmdb_open(&sc1, NULL, err, sizeof(err)), *s2, *s3;
+    u_char key[RIC_IDEM_KEY_LEN], lock[RIC_IDEM_REC_HEAD], *rec;
+    size_t len = 100 * 1024;
+    ric_idem_op_t op;
+    struct stat st;
+    int i, stored = 0;
+
+    UNIT_CASE("a map grown elsewhere is taken, and a smaller size= does not cut the file");
+    sc2 = conf_for("grow.mdb", 4 << 20);
+    s2 = ric_idem_lmdb_open(&sc2, NULL, err, sizeof(err));
+    UNIT_CHECK(s1 != NULL && s2 != NULL);
+    if (s1 == NULL || s2 == NULL) {
+        return;
+    }
+    rec = ric_xmalloc(len);
+    memset(rec, 'r', len);
+    make_record(rec, RIC_IDEM_DONE, 4, 600000);
+    memcpy(rec + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    memset(key, 0x44, sizeof(key));
+    for (i = 0; i < 16; i++) {
+        key[0] = (u_char) i;
+        stored += settle_one((lmdb_store_t *) s2, key, rec + RIC_IDEM_REC_TOKEN, rec, len) == 0;
+    }
+    UNIT_CHECK_INT(stored, 16);
+    memset(&op, 0, sizeof(op));
+    memset(key, 0x45, sizeof(key));
+    make_record(lock, RIC_IDEM_LOCKED, 5, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s1, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_CLAIMED);
+    UNIT_CHECK_INT(((lmdb_store_t *) s1)->map_size, 4 << 20);
+    memset(key, 0x44, sizeof(key));
+    key[0] = 15;
+    UNIT_CHECK_INT(ric_idem_store_claim(s1, key, lock, sizeof(lock), 60000, 0, &op),
+                   RIC_IDEM_FOUND);
+    UNIT_CHECK(op.found.len == len && memcmp(op.found.data + RIC_IDEM_REC_HEAD + 6,
+                                             rec + RIC_IDEM_REC_HEAD + 6, 100) == 0);
+    ric_buf_free(&op.found);
+    s3 = ric_idem_lmdb_open(&sc1, NULL, err, sizeof(err));
+    UNIT_CHECK(s3 != NULL && stat(sc1.path, &st) == 0 && st.st_size >= (4 << 20));
+    if (s3 != NULL) {
+        ric_idem_lmdb_close(s3);
+    }
+    free(rec);
+    ric_idem_lmdb_close(s2);
+    ric_idem_lmdb_close(s1);
+}
+
+/* A data file truncated, or a lock file deleted, under an open store: it
+ * is refused from then on, with what changed; nothing faults. */
+static void
+test_files_changed(void)
+{
+    ric_idem_store_conf_t sc = conf_for("cut.mdb", 1 << 20);
+    char err[512], lock[600];
+    ric_idem_store_t *s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    u_char key[RIC_IDEM_KEY_LEN], rec[RIC_IDEM_REC_HEAD];
+    ric_idem_op_t op;
+    int level = ric_log->level;
+
+    UNIT_CASE("a truncated data file is refused, never read");
+    UNIT_CHECK(s != NULL);
+    if (s == NULL) {
+        return;
+    }
+    ric_log->level = RIC_LOG_EMERG; /* the alert lines are the point, not the output */
+    memset(&op, 0, sizeof(op));
+    memset(key, 0x51, sizeof(key));
+    make_record(rec, RIC_IDEM_LOCKED, 6, 60000);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op), RIC_IDEM_CLAIMED);
+    UNIT_CHECK(truncate(sc.path, 8192) == 0);
+    UNIT_CHECK_INT(ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op), RIC_ERROR);
+    UNIT_CHECK(strstr(op.error, "truncated to 8192 bytes") != NULL);
+    ric_idem_lmdb_close(s);
+
+    UNIT_CASE("a deleted lock file is refused");
+    sc = conf_for("unlocked.mdb", 1 << 20);
+    s = ric_idem_lmdb_open(&sc, NULL, err, sizeof(err));
+    UNIT_CHECK(s != NULL);
+    if (s != NULL) {
+        snprintf(lock, sizeof(lock), "%s-lock", sc.path);
+        UNIT_CHECK(unlink(lock) == 0);
+        UNIT_CHECK_INT(ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op), RIC_ERROR);
+        UNIT_CHECK(strstr(op.error, "lock file") != NULL);
+        ric_idem_lmdb_close(s);
+    }
+    ric_log->level = level;
+}
+
 int
 main(void)
 {
@@ -503,6 +697,9 @@ main(void)
     test_lock_clocks();
     test_checksum();
     test_verify_page_size();
+    test_batch_redo();
+    test_resize_adopted();
+    test_files_changed();
     rc = UNIT_DONE("idem_lmdb");
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
