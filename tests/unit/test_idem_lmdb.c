@@ -281,6 +281,31 @@ test_backlog(void)
     }
     UNIT_CHECK_INT(b.bytes, 0);
     free(big);
+
+    UNIT_CASE("a settle whose lock lapsed while it waited is lost once, however often it is tried");
+    {
+        ric_idem_counters_t counters;
+
+        memset(&counters, 0, sizeof(counters));
+        sc.counters = &counters;
+        memset(key, 1, sizeof(key));
+        ric_idem_backlog_push(&b, &sc, key, token, rec, sizeof(rec), 1000, 0); /* lapsed */
+        ric_idem_backlog_push(&b, &sc, key, token, NULL, 0, 1000, 0);         /* a release */
+        ric_idem_backlog_push(&b, &sc, key, token, rec, sizeof(rec), 1000,
+                              ric_idem_wall_ms() + 60000);
+        ric_idem_backlog_lapsed(&b, &sc);
+        UNIT_CHECK_INT(counters.settles_lost, 1);
+        for (i = 0; i < 3; i++) {
+            p = ric_idem_backlog_take(&b, &sc); /* tried, and it could not go */
+            ric_idem_backlog_unshift(&b, p);
+            ric_idem_backlog_lapsed(&b, &sc);
+        }
+        UNIT_CHECK_INT(counters.settles_lost, 1);
+        UNIT_CHECK_INT(b.n, 3);
+        ric_idem_backlog_drop(&b, &sc); /* the lapsed one is not counted again */
+        UNIT_CHECK_INT(counters.settles_lost, 2);
+        sc.counters = NULL;
+    }
     ric_log->level = level;
 }
 
