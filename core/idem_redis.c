@@ -25,8 +25,9 @@
  * removes it), its TTL settles the key if it still holds our token, or
  * keeps the record when nothing is there (our lock lapsed, and nobody
  * claimed the key since: the request did run). A lock (a refresh) never
- * replaces an answer: a refresh that Redis refused once and that goes
- * again after the answer must not undo it. */
+ * replaces an answer: a refresh sent on a connection that was given up
+ * (answers that did not come) may still run in Redis after the answer
+ * that followed it on the next connection, and must not undo it. */
 static const char batch_lua[] =
     "local out = {}\n"
     "for i = 1, #KEYS do\n"
@@ -562,6 +563,16 @@ batch_over(batch_t *b, redisReply *reply)
             answers_error(s, why);
         }
     }
+    /* the failed settles first, back to the backlog's head in their order
+     * (they are the oldest): a claim's request, told next, may settle */
+    for (it = b->items; it && why != NULL; it = it->next) {
+        if (!it->claim) {
+            back[nback++] = item_pending(it);
+        }
+    }
+    while (nback > 0) {
+        ric_idem_backlog_unshift(&s->backlog, back[--nback]);
+    }
     for (it = b->items; it; it = next, i++) {
         next = it->next;
         r = why == NULL ? reply->element[i] : NULL;
@@ -584,14 +595,8 @@ batch_over(batch_t *b, redisReply *reply)
                 }
                 claim_over(it->op, rc);
             }
-        } else if (why != NULL) {
-            back[nback++] = item_pending(it);
         }
         item_free(it);
-    }
-    /* the oldest settles: back to the head, in their order */
-    while (nback > 0) {
-        ric_idem_backlog_unshift(&s->backlog, back[--nback]);
     }
     if (s->backlog.n > 0) {
         again_later(s);
