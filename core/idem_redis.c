@@ -603,8 +603,10 @@ batch_over(batch_t *b, redisReply *reply)
     }
     free(b);
     if (why == NULL && wrote && s->answers[0] != '\0') {
-        ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": Redis takes writes again "
-                      "(it answered %s)", s->base.conf->spec, s->answers);
+        /* a call that took settles or a claim's lock: not a read that
+         * Redis would answer while it refuses writes */
+        ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": Redis answers again (no "
+                      "more %s)", s->base.conf->spec, s->answers);
         s->answers[0] = '\0';
     }
     if (why == NULL) {
