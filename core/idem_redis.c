@@ -1,4 +1,4 @@
-/* idem_redis.c: the shared idempotency store: hiredis async on the worker's loop, each turn's claims (lock-or-read) and settles in one Lua script call, reconnect with jittered backoff. */
+/* idem_redis.c: the shared idempotency store: hiredis async on the worker's loop, each turn's claims (lock-or-read) and settles in one Lua script call, settles kept in order until Redis takes them, reconnect with jittered backoff. */
 #include "idem_store.h"
 #include "backoff.h"
 #include "log.h"
@@ -15,6 +15,7 @@
 
 #define RECONNECT_MIN_MS 100
 #define RECONNECT_MAX_MS 5000
+#define AGAIN_MS 1000 /* settles that wait are tried again this often */
 #define KEY_PREFIX "ricochet:idem:"
 
 /* Every claim and settle of one turn of the worker's loop, in one atomic
@@ -23,7 +24,10 @@
  * 0) or answers the live record; "s", our token, the record to keep (""
  * removes it), its TTL settles the key if it still holds our token, or
  * keeps the record when nothing is there (our lock lapsed, and nobody
- * claimed the key since: the request did run). */
+ * claimed the key since: the request did run). A lock (a refresh) never
+ * replaces an answer: a refresh sent on a connection that was given up
+ * (answers that did not come) may still run in Redis after the answer
+ * that followed it on the next connection, and must not undo it. */
 static const char batch_lua[] =
     "local out = {}\n"
     "for i = 1, #KEYS do\n"
@@ -32,8 +36,11 @@ static const char batch_lua[] =
     "    local v = redis.call('GET', KEYS[i])\n"
     "    if v then out[i] = v else redis.call('SET', KEYS[i], a, 'PX', ttl); out[i] = 0 end\n"
     "  else\n"
-    "    local cur = redis.call('GETRANGE', KEYS[i], 41, 56)\n"
-    "    if cur == a then\n"
+    "    local cur = redis.call('GETRANGE', KEYS[i], 0, 56)\n"
+    "    local state = string.sub(cur, 1, 1)\n"
+    "    cur = string.sub(cur, 42)\n"
+    "    if string.sub(b, 1, 1) == 'L' and state ~= '' and state ~= 'L' then\n"
+    "    elseif cur == a then\n"
     "      if b == '' then redis.call('DEL', KEYS[i])\n"
     "      else redis.call('SET', KEYS[i], b, 'PX', ttl) end\n"
     "    elseif cur == '' and b ~= '' then\n"
@@ -48,6 +55,19 @@ static const char batch_lua[] =
 
 typedef enum { REDIS_DOWN = 0, REDIS_CONNECTING, REDIS_UP } redis_state_t;
 
+/*
+ * Settles (answers, refreshes, releases) keep the order they were made in:
+ * a refresh must never land after the answer or the release that ends its
+ * lock. So at most one call carrying settles is in flight; the others wait
+ * in the backlog behind it, as do those made while Redis is away and those
+ * of a call that failed (no answer, or an error reply: nobody knows how
+ * much of it ran, and every op is token-guarded, so it goes again whole).
+ * A failed call's settles are the oldest: they go back to the backlog's
+ * head. The backlog goes when the connection is up, one call at a time,
+ * at once after a call that Redis took, else each second (AGAIN_MS) while
+ * Redis answers errors (LOADING, MISCONF, READONLY, ...: the connection is
+ * kept) until it takes them, or their worker exits.
+ */
 typedef struct {
     ric_idem_store_t base;
     struct event_base *ev;
@@ -63,27 +83,28 @@ typedef struct {
     int setup_left;              /* AUTH and SELECT answers still awaited after a connect */
     char batch_sha[41];
     struct event *batch;         /* runs after the turn's events */
-    struct item_s *queue, **queue_tail;
-    struct item_s *unsure, **unsure_tail; /* ops a lost connection left unknown: sent again,
-                                           * in order, on connect */
-    int nunsure;
-    ric_idem_backlog_t backlog;  /* settles made while not connected: sent after them */
+    struct item_s *queue, **queue_tail; /* the turn's claims, and its settles when none wait */
+    int queued_settles;
+    int settling;                /* the one call with settles is in flight */
+    ric_idem_backlog_t backlog;  /* settles that wait, oldest first */
+    struct event *again;         /* each AGAIN_MS while settles wait */
+    char answers[32];            /* the error Redis answers now ("LOADING"; "": none) */
 } redis_store_t;
-
-#define UNSURE_MAX 10000 /* ops kept for the next connection at most */
 
 /* A claim or a settle: queued for the turn's batch, then in flight; it
  * outlives a request that gave up on it. */
 typedef struct item_s {
     ric_idem_op_t *op; /* a claim's; NULL: a settle, or a claim given up */
     int claim;
+    u_char raw[RIC_IDEM_KEY_LEN]; /* the key, as the backlog keeps it */
     char key[sizeof(KEY_PREFIX) + 2 * RIC_IDEM_KEY_LEN];
     u_char *rec;       /* owned: the claim's lock, the settle's record (NULL: release) */
     size_t len;
     char token[RIC_IDEM_TOKEN_LEN];
+    int64_t ttl_ms;
     char ttl[24];
     int64_t lock_expires; /* a settle's: when the lock it settles lapses */
-    int kept;          /* moved to the unsure list: not freed with its batch */
+    int lost;          /* a settle's: logged and counted as lost already */
     struct item_s *next;
 } item_t;
 
@@ -92,6 +113,7 @@ typedef struct {
     redis_store_t *s;
     item_t *items;
     int n;
+    int settles;   /* it carries settles: the one such call in flight */
     int fell_back; /* EVAL sent after NOSCRIPT */
     int sent;      /* it reached the connection: a lost one leaves it unknown */
 } batch_t;
@@ -100,7 +122,7 @@ static void connect_now(redis_store_t *s);
 static void item_free(item_t *it);
 static item_t *item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len,
                         int64_t ttl_ms);
-static void settle_lost(redis_store_t *s, const item_t *it, const char *what);
+static void drain(redis_store_t *s);
 static void on_batch(evutil_socket_t fd, short what, void *arg);
 
 static void
@@ -135,40 +157,19 @@ schedule_reconnect(redis_store_t *s)
     }
 }
 
-/* Connected (and in its database): what waited goes now, and what a lost
- * connection left unknown goes again (token-guarded: harmless if done). */
+/* Connected (and in its database): the settles that wait go (what a lost
+ * connection left unknown goes again: token-guarded, harmless if done),
+ * then the claims asked while connecting. */
 static void
 store_up(redis_store_t *s)
 {
-    struct item_s *it, *later, **later_tail;
-    ric_idem_pending_t *p;
-
     ric_log_error(s->failures > 0 ? RIC_LOG_NOTICE : RIC_LOG_INFO, 0,
                   "idempotency store \"%s\": connected%s", s->base.conf->spec,
                   s->failures > 0 ? " again" : "");
     s->failures = 0;
     s->state = REDIS_UP;
     s->retry_ms = RECONNECT_MIN_MS;
-    /* oldest first: what the lost connection left unknown, then what was
-     * settled while it was away, then what was asked while connecting (a
-     * lock's refresh must never land after the answer that ends it) */
-    later = s->queue;
-    later_tail = s->queue_tail;
-    s->queue = s->unsure;
-    s->queue_tail = s->unsure != NULL ? s->unsure_tail : &s->queue;
-    s->unsure = NULL;
-    s->unsure_tail = &s->unsure;
-    s->nunsure = 0;
-    while ((p = ric_idem_backlog_take(&s->backlog, s->base.conf)) != NULL) {
-        it = item_new(s, p->key, p->rec, p->rec ? p->len : 0, p->ttl_ms);
-        memcpy(it->token, p->token, RIC_IDEM_TOKEN_LEN);
-        it->lock_expires = p->lock_expires;
-        ric_idem_pending_free(p);
-    }
-    if (later != NULL) {
-        *s->queue_tail = later;
-        s->queue_tail = later_tail;
-    }
+    drain(s);
     if (s->queue != NULL) {
         event_active(s->batch, EV_TIMEOUT, 1);
     }
@@ -325,6 +326,21 @@ connect_now(redis_store_t *s)
     event_add(s->connect_timer, &tv);
 }
 
+static void
+on_again(evutil_socket_t fd, short what, void *arg)
+{
+    redis_store_t *s = arg;
+    struct timeval tv = ric_ms_to_tv(AGAIN_MS);
+
+    (void) fd;
+    (void) what;
+    ric_idem_backlog_lapsed(&s->backlog, s->base.conf);
+    drain(s);
+    if (s->backlog.n > 0) {
+        event_add(s->again, &tv);
+    }
+}
+
 static ric_idem_store_t *
 redis_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t errlen)
 {
@@ -338,10 +354,10 @@ redis_open(ric_idem_store_conf_t *sc, struct event_base *base, char *err, size_t
     s->retry_ms = RECONNECT_MIN_MS;
     s->retry_timer = evtimer_new(base, on_retry, s);
     s->connect_timer = evtimer_new(base, on_connect_timeout, s);
+    s->again = evtimer_new(base, on_again, s);
     sha1_hex(batch_lua, s->batch_sha);
     s->batch = event_new(base, -1, 0, on_batch, s);
     s->queue_tail = &s->queue;
-    s->unsure_tail = &s->unsure;
     connect_now(s);
     return &s->base;
 }
@@ -360,53 +376,44 @@ static void
 redis_close(ric_idem_store_t *base)
 {
     redis_store_t *s = (redis_store_t *) base;
+    redisAsyncContext *ac;
     struct event *limit;
     struct timeval tv;
 
     if (s->queue != NULL) {
         on_batch(-1, 0, s); /* the last settles of a stopping worker */
     }
-    if (s->ac != NULL && s->state == REDIS_UP && s->inflight > 0) {
+    if (s->ac != NULL && s->state == REDIS_UP && (s->inflight > 0 || s->backlog.n > 0)) {
         /* the last answers' settles must land, or their keys would stay
-         * locked until idempotency_lock_ttl: wait for them, briefly */
+         * locked until idempotency_lock_ttl: the backlog goes (a call that
+         * fails ends it) and the answers are awaited, briefly */
         s->closing = 1;
         event_del(s->retry_timer);
-        redisAsyncDisconnect(s->ac); /* after the pending replies */
-        limit = evtimer_new(s->ev, on_close_timeout, s);
-        tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);
-        event_add(limit, &tv);
-        event_base_dispatch(s->ev);
-        event_free(limit);
+        event_del(s->again);
+        drain(s);
+        if (s->inflight > 0) {
+            limit = evtimer_new(s->ev, on_close_timeout, s);
+            tv = ric_ms_to_tv(RIC_IDEM_STORE_TIMEOUT_MS);
+            event_add(limit, &tv);
+            event_base_dispatch(s->ev); /* until on_disconnect, after the last answer */
+            event_free(limit);
+        }
     }
     if (s->ac != NULL) {
-        s->ac->data = NULL;
-        redisAsyncFree(s->ac); /* pending callbacks run now, with no reply */
-    }
-    while (s->unsure != NULL) {
-        item_t *it = s->unsure;
-        s->unsure = it->next;
-        if (!it->claim && it->rec != NULL && it->len >= RIC_IDEM_REC_HEAD) {
-            settle_lost(s, it, "is lost: the worker exits before Redis came back (the key "
-                        "stays locked until idempotency_lock_ttl)");
-        }
-        item_free(it);
+        ac = s->ac;
+        s->ac = NULL;
+        ac->data = NULL;
+        redisAsyncFree(ac); /* pending callbacks run now, with no reply */
     }
     ric_idem_backlog_drop(&s->backlog, s->base.conf);
     event_free(s->retry_timer);
     event_free(s->connect_timer);
+    event_free(s->again);
     event_free(s->batch);
     free(s);
 }
 
 #define STALLED_MAX 3 /* claims in a row without an answer: the connection is dropped */
-
-/* Logs a settle of it (an item, whose key is spelled out) that is late or lost. */
-static void
-settle_lost(redis_store_t *s, const item_t *it, const char *what)
-{
-    ric_idem_settle_lost_hex(s->base.conf, it->key + sizeof(KEY_PREFIX) - 1, it->rec == NULL,
-                             what);
-}
 
 static void
 item_free(item_t *it)
@@ -427,23 +434,31 @@ claim_over(ric_idem_op_t *op, int rc)
     op->done(op);
 }
 
-/* A new op at the end of the turn's queue; key NULL: the caller fills
- * it->key in. */
+/* A new op for key (copying rec), not queued yet. */
 static item_t *
-item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len, int64_t ttl_ms)
+item_make(const u_char *key, const u_char *rec, size_t len, int64_t ttl_ms)
 {
     item_t *it = ric_xcalloc(1, sizeof(*it));
 
+    memcpy(it->raw, key, RIC_IDEM_KEY_LEN);
     memcpy(it->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
-    if (key != NULL) {
-        ric_idem_key_hex(key, it->key + sizeof(KEY_PREFIX) - 1);
-    }
+    ric_idem_key_hex(key, it->key + sizeof(KEY_PREFIX) - 1);
     if (rec != NULL) {
         it->rec = ric_xmalloc(len ? len : 1);
         memcpy(it->rec, rec, len);
         it->len = len;
     }
+    it->ttl_ms = ttl_ms;
     snprintf(it->ttl, sizeof(it->ttl), "%lld", (long long) ric_max(ttl_ms, (int64_t) 1));
+    return it;
+}
+
+/* A new op at the end of the turn's queue. */
+static item_t *
+item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len, int64_t ttl_ms)
+{
+    item_t *it = item_make(key, rec, len, ttl_ms);
+
     if (s->queue == NULL) {
         /* after the events of this turn: their ops join this call */
         event_active(s->batch, EV_TIMEOUT, 1);
@@ -453,92 +468,124 @@ item_new(redis_store_t *s, const u_char *key, const u_char *rec, size_t len, int
     return it;
 }
 
-/* A claim whose request gave up (its answer came too late) but that took
- * the lock: the lock goes, with the claim's own token. */
 static void
-release_abandoned(redis_store_t *s, const item_t *claim)
+again_later(redis_store_t *s)
 {
-    item_t *it;
+    struct timeval tv = ric_ms_to_tv(AGAIN_MS);
 
+    if (!s->closing && !evtimer_pending(s->again, NULL)) {
+        event_add(s->again, &tv);
+    }
+}
+
+/* A settle waits, at the end of the backlog. */
+static void
+keep(redis_store_t *s, const u_char *key, const u_char *token, const u_char *rec, size_t len,
+     int64_t ttl_ms, int64_t lock_expires)
+{
+    ric_idem_backlog_push(&s->backlog, s->base.conf, key, token, rec, len, ttl_ms, lock_expires);
+    again_later(s);
+}
+
+/* A claim that took the lock (or may have: its call failed) for a request
+ * that does not hold it: the lock goes, by the claim's own token. */
+static void
+release_claim(redis_store_t *s, const item_t *claim)
+{
     if (claim->rec == NULL || claim->len < RIC_IDEM_REC_HEAD) {
         return;
     }
-    it = item_new(s, NULL, NULL, 0, 1);
-    memcpy(it->key, claim->key, sizeof(it->key)); /* the claim's, already spelled out */
-    memcpy(it->token, claim->rec + RIC_IDEM_REC_TOKEN, RIC_IDEM_TOKEN_LEN);
+    keep(s, claim->raw, claim->rec + RIC_IDEM_REC_TOKEN, NULL, 0, 1,
+         (int64_t) ric_idem_get64(claim->rec + RIC_IDEM_REC_EXPIRES));
+}
+
+/* A settle of a failed call, as the backlog keeps it (its record moves). */
+static ric_idem_pending_t *
+item_pending(item_t *it)
+{
+    ric_idem_pending_t *p = ric_xcalloc(1, sizeof(*p));
+
+    memcpy(p->key, it->raw, RIC_IDEM_KEY_LEN);
+    memcpy(p->token, it->token, RIC_IDEM_TOKEN_LEN);
+    p->rec = it->rec;
+    p->len = it->rec != NULL ? it->len : 0;
+    p->ttl_ms = it->ttl_ms;
+    p->lock_expires = it->lock_expires;
+    p->lost = it->lost;
+    it->rec = NULL;
+    return p;
+}
+
+/* Redis answered a call with an error: said once for each error in a row
+ * (its first word: LOADING, MISCONF, READONLY, ...). */
+static void
+answers_error(redis_store_t *s, const char *why)
+{
+    size_t n = ric_min(strcspn(why, " "), sizeof(s->answers) - 1);
+
+    if (strlen(s->answers) == n && memcmp(s->answers, why, n) == 0) {
+        return;
+    }
+    memcpy(s->answers, why, n);
+    s->answers[n] = '\0';
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": Redis answers errors: %.200s "
+                  "(claims fail; settles wait and are tried again every second)",
+                  s->base.conf->spec, why);
 }
 
 static int send_batch(batch_t *b);
 
-/* An op whose connection was lost after it was sent: a claim becomes the
- * release of its lock, a settle stays; both are token-guarded, so running
- * them again does no harm. A settle is kept (it->kept) past its batch. */
-static void
-keep_unsure(redis_store_t *s, item_t *it)
-{
-    item_t *copy;
-
-    if (s->closing || s->nunsure >= UNSURE_MAX) {
-        if (!it->claim && it->rec != NULL) {
-            settle_lost(s, it, s->closing ? "may be lost: the connection went as the worker "
-                        "exits" : "is lost: too many operations wait for Redis");
-        }
-        return;
-    }
-    if (it->claim) {
-        if (it->rec == NULL || it->len < RIC_IDEM_REC_HEAD) {
-            return;
-        }
-        copy = ric_xcalloc(1, sizeof(*copy));
-        memcpy(copy->key, it->key, sizeof(copy->key));
-        memcpy(copy->token, it->rec + RIC_IDEM_REC_TOKEN, RIC_IDEM_TOKEN_LEN);
-        snprintf(copy->ttl, sizeof(copy->ttl), "1");
-    } else {
-        copy = it;
-        it->kept = 1;
-    }
-    copy->next = NULL;
-    *s->unsure_tail = copy;
-    s->unsure_tail = &copy->next;
-    s->nunsure++;
-}
-
 /* What the items of one call have to hear: results in order, or the
- * failure of them all (reply NULL or an error). */
+ * failure of them all (reply NULL or an error). A failed call may have run
+ * in part (a script's writes before an error stay): its settles go again,
+ * its claims' locks are released by their tokens. */
 static void
 batch_over(batch_t *b, redisReply *reply)
 {
     redis_store_t *s = b->s;
+    ric_idem_pending_t *back[BATCH_MAX];
     item_t *it, *next;
     redisReply *r;
-    int i = 0, rc;
+    int i = 0, rc, nback = 0, wrote = b->settles;
     const char *why = reply == NULL ? "the connection to Redis was lost"
                       : reply->type == REDIS_REPLY_ERROR ? reply->str
                       : reply->type != REDIS_REPLY_ARRAY || (int) reply->elements != b->n
                           ? "an unexpected reply" : NULL;
 
+    if (b->settles) {
+        s->settling = 0;
+    }
     if (why != NULL && b->n > 0) {
-        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %d operation%s failed: %.150s",
-                      s->base.conf->spec, b->n, b->n > 1 ? "s" : "", why);
+        if (reply == NULL) {
+            ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": %d operation%s failed: "
+                          "%s", s->base.conf->spec, b->n, b->n > 1 ? "s" : "", why);
+        } else {
+            answers_error(s, why);
+        }
+    }
+    /* the failed settles first, back to the backlog's head in their order
+     * (they are the oldest): a claim's request, told next, may settle */
+    for (it = b->items; it && why != NULL; it = it->next) {
+        if (!it->claim) {
+            back[nback++] = item_pending(it);
+        }
+    }
+    while (nback > 0) {
+        ric_idem_backlog_unshift(&s->backlog, back[--nback]);
     }
     for (it = b->items; it; it = next, i++) {
         next = it->next;
-        if (reply == NULL && (b->sent || !it->claim)) {
-            /* it may have run, or a settle did not: both go again on the
-             * next connection */
-            keep_unsure(s, it);
-        }
         r = why == NULL ? reply->element[i] : NULL;
         if (it->claim) {
             rc = r == NULL ? RIC_ERROR
                  : r->type == REDIS_REPLY_INTEGER ? RIC_IDEM_CLAIMED
                  : r->type == REDIS_REPLY_STRING && r->len >= RIC_IDEM_OLD_HEAD ? RIC_IDEM_FOUND
                  : RIC_ERROR;
-            if (it->op == NULL) {
-                if (rc == RIC_IDEM_CLAIMED) {
-                    release_abandoned(s, it); /* it took the lock for nobody */
-                }
-            } else {
+            wrote |= rc == RIC_IDEM_CLAIMED;
+            if (why != NULL ? b->sent : rc == RIC_IDEM_CLAIMED && it->op == NULL) {
+                release_claim(s, it);
+            }
+            if (it->op != NULL) {
                 if (rc == RIC_IDEM_FOUND) {
                     it->op->found.len = 0;
                     ric_buf_put(&it->op->found, r->str, r->len);
@@ -549,11 +596,62 @@ batch_over(batch_t *b, redisReply *reply)
                 claim_over(it->op, rc);
             }
         }
-        if (!it->kept) {
-            item_free(it);
-        }
+        item_free(it);
+    }
+    if (s->backlog.n > 0) {
+        again_later(s);
     }
     free(b);
+    if (why == NULL && wrote && s->answers[0] != '\0') {
+        /* a call that took settles or a claim's lock: not a read that
+         * Redis would answer while it refuses writes */
+        ric_log_error(RIC_LOG_NOTICE, 0, "idempotency store \"%s\": Redis answers again (no "
+                      "more %s)", s->base.conf->spec, s->answers);
+        s->answers[0] = '\0';
+    }
+    if (why == NULL) {
+        drain(s);
+    }
+}
+
+/* The next call of the settles that wait, oldest first, when none is in
+ * flight and none is queued (those go first: they are older). */
+static void
+drain(redis_store_t *s)
+{
+    ric_idem_pending_t *p;
+    item_t *it, **tail;
+    batch_t *b;
+
+    if (s->settling || s->queued_settles > 0 || s->backlog.n == 0 || s->state != REDIS_UP
+        || s->ac == NULL) {
+        return;
+    }
+    b = ric_xcalloc(1, sizeof(*b));
+    b->s = s;
+    b->settles = 1;
+    tail = &b->items;
+    while (b->n < BATCH_MAX && (p = ric_idem_backlog_take(&s->backlog, s->base.conf)) != NULL) {
+        it = ric_xcalloc(1, sizeof(*it));
+        memcpy(it->raw, p->key, RIC_IDEM_KEY_LEN);
+        memcpy(it->key, KEY_PREFIX, sizeof(KEY_PREFIX) - 1);
+        ric_idem_key_hex(p->key, it->key + sizeof(KEY_PREFIX) - 1);
+        memcpy(it->token, p->token, RIC_IDEM_TOKEN_LEN);
+        it->rec = p->rec; /* moves */
+        it->len = p->len;
+        it->ttl_ms = p->ttl_ms;
+        snprintf(it->ttl, sizeof(it->ttl), "%lld", (long long) ric_max(p->ttl_ms, (int64_t) 1));
+        it->lock_expires = p->lock_expires;
+        it->lost = p->lost;
+        p->rec = NULL;
+        ric_idem_pending_free(p);
+        *tail = it;
+        tail = &it->next;
+        b->n++;
+    }
+    if (send_batch(b) != RIC_OK) {
+        batch_over(b, NULL);
+    }
 }
 
 static void
@@ -561,20 +659,24 @@ on_batch_reply(redisAsyncContext *ac, void *reply_, void *privdata)
 {
     redisReply *reply = reply_;
     batch_t *b = privdata;
+    redis_store_t *s = b->s;
 
     (void) ac;
-    b->s->inflight--;
+    s->inflight--;
     if (reply != NULL) {
-        b->s->stalled = 0;
+        s->stalled = 0;
     }
     if (reply != NULL && reply->type == REDIS_REPLY_ERROR && !b->fell_back
-        && strncmp(reply->str, "NOSCRIPT", 8) == 0 && b->s->ac != NULL) {
+        && strncmp(reply->str, "NOSCRIPT", 8) == 0 && s->ac != NULL) {
         b->fell_back = 1; /* flushed since we loaded it: EVAL loads it again */
         if (send_batch(b) == RIC_OK) {
             return;
         }
     }
     batch_over(b, reply);
+    if (s->closing && s->inflight == 0 && s->ac != NULL) {
+        redisAsyncDisconnect(s->ac); /* the last answer is in: on_disconnect ends the wait */
+    }
 }
 
 static int
@@ -618,15 +720,19 @@ send_batch(batch_t *b)
     }
     b->sent = 1;
     s->inflight++;
+    if (b->settles) {
+        s->settling = 1;
+    }
     return RIC_OK;
 }
 
-/* The turn's ops go in calls of up to BATCH_MAX. */
+/* The turn's ops go in calls of up to BATCH_MAX: its settles (at most
+ * BATCH_MAX) first, in the first call, then its claims. */
 static void
 on_batch(evutil_socket_t fd, short what, void *arg)
 {
     redis_store_t *s = arg;
-    item_t *it = s->queue, *last;
+    item_t *it, *next, *settles = NULL, **st = &settles, *claims = NULL, **ct = &claims, *last;
     batch_t *b;
 
     (void) fd;
@@ -634,12 +740,27 @@ on_batch(evutil_socket_t fd, short what, void *arg)
     if (s->state == REDIS_CONNECTING) {
         return; /* they go when it is up (or fail when it is not) */
     }
+    for (it = s->queue; it; it = next) {
+        next = it->next;
+        it->next = NULL;
+        if (it->claim) {
+            *ct = it;
+            ct = &it->next;
+        } else {
+            *st = it;
+            st = &it->next;
+        }
+    }
+    *st = claims;
+    it = settles;
     s->queue = NULL;
     s->queue_tail = &s->queue;
+    s->queued_settles = 0;
     while (it != NULL) {
         b = ric_xcalloc(1, sizeof(*b));
         b->s = s;
         b->items = it;
+        b->settles = !it->claim;
         for (last = it, b->n = 1; last->next && b->n < BATCH_MAX; last = last->next) {
             b->n++;
         }
@@ -720,19 +841,20 @@ redis_settle(ric_idem_store_t *base, const u_char *key, const u_char *token,
     redis_store_t *s = (redis_store_t *) base;
     item_t *it;
 
-    if (s->state == REDIS_DOWN || s->ac == NULL || s->nunsure > 0 || s->backlog.n > 0) {
-        /* kept, in order, for the next connection */
-        if (s->backlog.n == 0) {
+    if (s->state != REDIS_UP || s->ac == NULL || s->settling || s->backlog.n > 0
+        || s->queued_settles >= BATCH_MAX) {
+        /* behind the older ones, in order */
+        if (s->state != REDIS_UP && s->backlog.n == 0) {
             ric_log_error(RIC_LOG_WARN, 0, "idempotency store \"%s\": not connected: settles "
                           "wait for Redis to come back", s->base.conf->spec);
         }
-        ric_idem_backlog_push(&s->backlog, s->base.conf, key, token, rec, rec ? len : 0, ttl_ms,
-                              lock_expires);
+        keep(s, key, token, rec, rec ? len : 0, ttl_ms, lock_expires);
         return;
     }
     it = item_new(s, key, rec, rec ? len : 0, ttl_ms);
     memcpy(it->token, token, RIC_IDEM_TOKEN_LEN);
     it->lock_expires = lock_expires;
+    s->queued_settles++;
 }
 
 /* Nothing to check before workers start: Redis may come up after the gateway, which reconnects. */

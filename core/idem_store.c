@@ -350,22 +350,32 @@ ric_idem_key_hex(const u_char *key, char *out)
     out[2 * RIC_IDEM_KEY_LEN] = '\0';
 }
 
-void
-ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *digest, int release,
-                         const char *what)
+/* What a settle of rec is, for its log line. */
+static const char *
+settle_kind(const u_char *rec)
 {
-    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the %s of key digest %.64s %s",
-                  sc->spec, release ? "release" : "answer", digest, what);
+    return rec == NULL ? "release" : rec[0] == RIC_IDEM_LOCKED ? "lock refresh" : "answer";
 }
 
 void
-ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
-                     const char *what)
+ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *digest, const u_char *rec,
+                         int count, const char *what)
+{
+    ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the %s of key digest %.64s %s",
+                  sc->spec, settle_kind(rec), digest, what);
+    if (count && rec != NULL && sc->counters != NULL) {
+        __atomic_fetch_add(&sc->counters->settles_lost, 1, __ATOMIC_RELAXED);
+    }
+}
+
+void
+ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, const u_char *rec,
+                     int count, const char *what)
 {
     char digest[2 * RIC_IDEM_KEY_LEN + 1];
 
     ric_idem_key_hex(key, digest);
-    ric_idem_settle_lost_hex(sc, digest, release, what);
+    ric_idem_settle_lost_hex(sc, digest, rec, count, what);
 }
 
 void
@@ -407,17 +417,22 @@ ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc, co
     }
     if (rec != NULL && len > RIC_IDEM_REC_HEAD && rec[0] == RIC_IDEM_DONE
         && b->bytes + len > RIC_IDEM_BACKLOG_BYTES) {
+        char digest[2 * RIC_IDEM_KEY_LEN + 1];
+
         ric_idem_record_bare(rec, bare);
         rec = bare;
         len = sizeof(bare);
-        ric_idem_settle_lost(sc, key, 0, "waits as done without its body: the settles waiting "
-                             "for the store hold 64 MiB (a repeat gets 409)");
+        /* not lost: the key stays done, only its body is not kept */
+        ric_idem_key_hex(key, digest);
+        ric_log_error(RIC_LOG_ERR, 0, "idempotency store \"%s\": the answer of key digest %s "
+                      "waits as done without its body: the settles waiting for the store hold "
+                      "64 MiB (a repeat gets 409)", sc->spec, digest);
     }
     if (b->n >= RIC_IDEM_BACKLOG_MAX) {
         p = backlog_shift(b);
-        ric_idem_settle_lost(sc, p->key, p->rec == NULL,
-                             "was given up: too many settles wait for the store (its lock "
-                             "lapses at idempotency_lock_ttl, then the key can run again)");
+        ric_idem_settle_lost(sc, p->key, p->rec, !p->lost,
+                             "is lost: too many settles wait for the store (its lock lapses at "
+                             "idempotency_lock_ttl, then the key can run again)");
         ric_idem_pending_free(p);
     }
     p = ric_xcalloc(1, sizeof(*p));
@@ -436,16 +451,37 @@ ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc, co
     b->bytes += p->len;
 }
 
+/* Whether p's lock lapsed while it waited; the first time, it is lost. */
+static void
+pending_lapsed(ric_idem_pending_t *p, const ric_idem_store_conf_t *sc)
+{
+    if (p->rec != NULL && !p->lost && ric_idem_lock_lapsed(p->lock_expires)) {
+        p->lost = 1;
+        ric_idem_settle_lost(sc, p->key, p->rec, 1, "is lost: its lock lapsed before the store "
+                             "took it, so a repeat may run the request again (it still goes, "
+                             "for a key nobody claimed since)");
+    }
+}
+
 ric_idem_pending_t *
 ric_idem_backlog_take(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc)
 {
     ric_idem_pending_t *p = backlog_shift(b);
 
-    if (p != NULL && p->rec != NULL && ric_idem_lock_lapsed(p->lock_expires)) {
-        ric_idem_settle_lost(sc, p->key, 0, "goes after its lock lapsed: a repeat that came "
-                             "in between may have run the request again");
+    if (p != NULL) {
+        pending_lapsed(p, sc);
     }
     return p;
+}
+
+void
+ric_idem_backlog_lapsed(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc)
+{
+    ric_idem_pending_t *p;
+
+    for (p = b->head; p; p = p->next) {
+        pending_lapsed(p, sc);
+    }
 }
 
 void
@@ -466,7 +502,7 @@ ric_idem_backlog_drop(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc)
     ric_idem_pending_t *p;
 
     while ((p = backlog_shift(b)) != NULL) {
-        ric_idem_settle_lost(sc, p->key, p->rec == NULL,
+        ric_idem_settle_lost(sc, p->key, p->rec, !p->lost,
                              "is lost: the worker exits before the store could take it (the "
                              "key stays locked until idempotency_lock_ttl)");
         ric_idem_pending_free(p);

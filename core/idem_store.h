@@ -57,6 +57,8 @@ typedef enum {
 
 typedef struct {
     uint64_t n[RIC_IDEM_N_MAX];
+    uint64_t settles_lost; /* answers and lock refreshes the store never took while their
+                            * lock lived (ric_idem_settle_lost) */
 } ric_idem_counters_t;
 
 /* One `idempotency_store` value; routes naming the same store share one. */
@@ -279,6 +281,7 @@ struct ric_idem_pending_s {
     size_t len;
     int64_t ttl_ms;
     int64_t lock_expires; /* boot ms */
+    int lost;             /* logged and counted as lost already (its lock lapsed) */
     ric_idem_pending_t *next;
 };
 
@@ -291,29 +294,39 @@ typedef struct {
 /* Keeps a copy of a settle at the end of b. An answer that would take b
  * past RIC_IDEM_BACKLOG_BYTES waits as "done" without it (a repeat gets
  * 409, never a second run); when b holds RIC_IDEM_BACKLOG_MAX its oldest
- * is given up (logged). */
+ * is given up (ric_idem_settle_lost). */
 void ric_idem_backlog_push(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc,
                            const u_char *key, const u_char *token, const u_char *rec,
                            size_t len, int64_t ttl_ms, int64_t lock_expires);
 
 /* The oldest settle of b, now the caller's (ric_idem_pending_free), or
- * NULL. One whose lock lapsed meanwhile is logged: it still goes. */
+ * NULL. One whose lock lapsed meanwhile is lost (ric_idem_backlog_lapsed):
+ * it still goes, as the record may still be there for it. */
 ric_idem_pending_t *ric_idem_backlog_take(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc);
+
+/* Every settle of b whose lock lapsed while it waited (answers and
+ * refreshes: a repeat may run the request again) is logged and counted as
+ * lost, once; it keeps its place. */
+void ric_idem_backlog_lapsed(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc);
 
 /* Puts p back at the head of b (it could not go after all). */
 void ric_idem_backlog_unshift(ric_idem_backlog_t *b, ric_idem_pending_t *p);
 
-/* Gives up every settle of b (a worker that exits), logging each. */
+/* Gives up every settle of b (a worker that exits): each is lost. */
 void ric_idem_backlog_drop(ric_idem_backlog_t *b, const ric_idem_store_conf_t *sc);
 
 void ric_idem_pending_free(ric_idem_pending_t *p);
 
-/* Logs a settle that was, or will be, late or lost, with its key's digest
- * (given as the key, or as its 64 hex digits). */
-void ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, int release,
-                          const char *what);
-void ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *digest, int release,
-                              const char *what);
+/* Logs at error a settle given up, or one whose lock lapsed before the
+ * store took it, with its key's digest (given as the key, or as its 64 hex
+ * digits); what says how, and that it is lost. rec is the settle's record:
+ * NULL a release, a lock a refresh, else an answer. Unless count is 0 (it
+ * was counted before) or it is a release (losing one keeps the key locked
+ * only until its lock lapses), it is counted in the store's settles_lost. */
+void ric_idem_settle_lost(const ric_idem_store_conf_t *sc, const u_char *key, const u_char *rec,
+                          int count, const char *what);
+void ric_idem_settle_lost_hex(const ric_idem_store_conf_t *sc, const char *digest,
+                              const u_char *rec, int count, const char *what);
 
 /* A record key as 64 lowercase hex digits and a NUL (2 * RIC_IDEM_KEY_LEN + 1 bytes). */
 void ric_idem_key_hex(const u_char *key, char *out);

@@ -279,6 +279,15 @@ stores(const ric_conf_t *conf, ric_buf_t *b)
                  (unsigned long long) sc->counters->n[i]);
         }
     }
+    family(b, "ricochet_idempotency_settles_lost_total", "counter",
+           "Answers and lock refreshes the store did not take while their lock lived: keys whose "
+           "request may run again.");
+    for (sc = conf->http->idem_stores; sc; sc = sc->next) {
+        if (sc->counters != NULL && sc->ops != NULL) {
+            ric_buf_printf(b, "ricochet_idempotency_settles_lost_total{store=\"%s\"} %llu\n",
+                 esc(sc->spec), (unsigned long long) sc->counters->settles_lost);
+        }
+    }
 }
 
 /* Every route script of conf once (several locations may share one). */

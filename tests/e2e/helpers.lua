@@ -976,6 +976,8 @@ function Upstream:hits(opts)
 end
 function Upstream:stats() return control(self, "GET", "stats") end
 function Upstream:reset() return control(self, "POST", "reset") end
+-- Opens the gate name: the answers programmed with hold = name go on (and later ones do not wait).
+function Upstream:release(name) return control(self, "POST", "release", { name = name }) end
 
 -- Waits until at least n requests were recorded; returns the hits (or what there was at the deadline).
 function Upstream:wait_hits(n, seconds)

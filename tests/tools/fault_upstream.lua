@@ -5,13 +5,15 @@
 --   POST /__fault/program  {"default": R, "sequence": [R...], "cycle": bool, "routes": {"/p": {"default": R, "sequence": [R...]}},
 --                           "merge": false}
 --   GET  /__fault/hits[?since=N&bodies=0]   POST /__fault/reset   GET /__fault/stats
+--   POST /__fault/release {"name": NAME}    opens the gate NAME: answers that hold on it go on (until a reset)
 -- R (a response) fields: status reason headers body body_hex body_size chunked chunk_size chunk_delay_ms trailers
 --   delay_ms body_delay_ms reset("before_head"|"after_head"|"mid_body") reset_delay_ms close raw raw_hex silent
 --   (raw may be a list of pieces, sent apart: body_delay_ms after the first, chunk_delay_ms between the others)
 --   echo interim([R...], 1xx sent before the final head), early (raw bytes sent as soon as the request head is
 --   read, before its body), early_hold (after early: hold the connection, never answer), hold_file (the
 --   answer waits until this file exists, at most 60 s: a spec releases it). A bare number is shorthand for
---   {"status": N}.
+--   {"status": N}. hold (a gate's name): the answer waits, before delay_ms, until the gate is
+--   released (at most 300 s), so a test decides when it comes without guessing a delay.
 
 local socket = require("socket")
 local cjson = require("cjson")
@@ -44,6 +46,7 @@ local state = {
     epoch_conns = {},   -- connections accepted or used since the last reset
     next_conn_id = 0,   -- never reset: ids must stay unique while old keep-alive connections live on
     program = nil,      -- set by new_program()
+    released = {},      -- gates opened by /__fault/release: name -> true
 }
 
 local conns = {}        -- open connection objects (set)
@@ -643,6 +646,7 @@ local function do_reset()
     state.hits, state.hit_n = {}, 0
     state.epoch, state.epoch_conns = state.epoch + 1, {}
     state.program = empty_program()
+    state.released = {}
 end
 
 -- Returns true when the connection should close afterwards.
@@ -663,6 +667,13 @@ local function handle_control(c, req, closing)
         return json_response(c, 200, { ok = true }, closing)
     elseif what == "stats" then
         return json_response(c, 200, stats(), closing)
+    elseif what == "release" then
+        local ok, body = pcall(cjson.decode, req.body ~= "" and req.body or "{}")
+        if not ok or type(body) ~= "table" or type(body.name) ~= "string" then
+            return json_response(c, 400, { error = 'release body must be {"name": "GATE"}' }, closing)
+        end
+        state.released[body.name] = true
+        return json_response(c, 200, { ok = true }, closing)
     end
     return json_response(c, 404, { error = "unknown control endpoint " .. req.path }, closing)
 end
@@ -681,6 +692,10 @@ end
 local function answer(c, req, rec, r)
     local req_close, keepalive10 = wants_close(req)
     local closing = req_close or r.close
+    if r.hold then
+        local until_t = gettime() + 300
+        while not state.released[r.hold] and gettime() < until_t do sleep_ms(c, 20) end
+    end
     if r.delay_ms then sleep_ms(c, r.delay_ms) end
     if r.hold_file then
         local give_up = gettime() + 60

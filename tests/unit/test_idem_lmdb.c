@@ -298,6 +298,31 @@ test_backlog(void)
     }
     UNIT_CHECK_INT(b.bytes, 0);
     free(big);
+
+    UNIT_CASE("a settle whose lock lapsed while it waited is lost once, however often it is tried");
+    {
+        ric_idem_counters_t counters;
+
+        memset(&counters, 0, sizeof(counters));
+        sc.counters = &counters;
+        memset(key, 1, sizeof(key));
+        ric_idem_backlog_push(&b, &sc, key, token, rec, sizeof(rec), 1000, 0); /* lapsed */
+        ric_idem_backlog_push(&b, &sc, key, token, NULL, 0, 1000, 0);         /* a release */
+        ric_idem_backlog_push(&b, &sc, key, token, rec, sizeof(rec), 1000,
+                              ric_idem_wall_ms() + 60000);
+        ric_idem_backlog_lapsed(&b, &sc);
+        UNIT_CHECK_INT(counters.settles_lost, 1);
+        for (i = 0; i < 3; i++) {
+            p = ric_idem_backlog_take(&b, &sc); /* tried, and it could not go */
+            ric_idem_backlog_unshift(&b, p);
+            ric_idem_backlog_lapsed(&b, &sc);
+        }
+        UNIT_CHECK_INT(counters.settles_lost, 1);
+        UNIT_CHECK_INT(b.n, 3);
+        ric_idem_backlog_drop(&b, &sc); /* the lapsed one is not counted again */
+        UNIT_CHECK_INT(counters.settles_lost, 2);
+        sc.counters = NULL;
+    }
     ric_log->level = level;
 }
 
@@ -506,7 +531,7 @@ fragment(lmdb_store_t *s)
     int i, n, rc = 0;
 
     memset(rec, 'f', sizeof(rec));
-    make_record(rec, RIC_IDEM_DONE_BARE, 9, 600000);
+    make_record(rec, sizeof(rec), RIC_IDEM_DONE_BARE, 9, 600000);
     memset(key, 0xee, sizeof(key));
     k.mv_data = key;
     k.mv_size = sizeof(key);
@@ -556,20 +581,22 @@ test_batch_redo(void)
     }
     memset(key, 0x31, sizeof(key));
     memset(token, 1, sizeof(token));
-    make_record(done, RIC_IDEM_DONE, 1, 600000);
+    make_record(done, sizeof(done), RIC_IDEM_DONE, 1, 600000);
     memcpy(done + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
     memset(done + RIC_IDEM_REC_HEAD + 6, 'a', sizeof(done) - RIC_IDEM_REC_HEAD - 6);
+    ric_idem_record_seal(done, sizeof(done));
     UNIT_CHECK_INT(settle_one((lmdb_store_t *) s, key, token, done, sizeof(done)), 0);
     fragment((lmdb_store_t *) s);
 
     memset(&op, 0, sizeof(op));
     op.done = batch_done;
-    make_record(lock, RIC_IDEM_LOCKED, 2, 60000);
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 2, 60000);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, lock, sizeof(lock), 60000, 0, &op), RIC_AGAIN);
     big = ric_xmalloc(big_len);
     memset(big, 'b', big_len);
-    make_record(big, RIC_IDEM_DONE, 3, 600000);
+    make_record(big, big_len, RIC_IDEM_DONE, 3, 600000);
     memcpy(big + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    ric_idem_record_seal(big, big_len);
     memset(key2, 0x32, sizeof(key2));
     ric_idem_store_settle(s, key2, big + RIC_IDEM_REC_TOKEN, big, big_len, 60000, 0);
     batch_done_calls = 0;
@@ -607,8 +634,9 @@ test_resize_adopted(void)
     }
     rec = ric_xmalloc(len);
     memset(rec, 'r', len);
-    make_record(rec, RIC_IDEM_DONE, 4, 600000);
+    make_record(rec, len, RIC_IDEM_DONE, 4, 600000);
     memcpy(rec + RIC_IDEM_REC_HEAD, "\x00\xc9\x00\x00\x00\x00", 6);
+    ric_idem_record_seal(rec, len);
     memset(key, 0x44, sizeof(key));
     for (i = 0; i < 16; i++) {
         key[0] = (u_char) i;
@@ -617,7 +645,7 @@ test_resize_adopted(void)
     UNIT_CHECK_INT(stored, 16);
     memset(&op, 0, sizeof(op));
     memset(key, 0x45, sizeof(key));
-    make_record(lock, RIC_IDEM_LOCKED, 5, 60000);
+    make_record(lock, sizeof(lock), RIC_IDEM_LOCKED, 5, 60000);
     UNIT_CHECK_INT(ric_idem_store_claim(s1, key, lock, sizeof(lock), 60000, 0, &op),
                    RIC_IDEM_CLAIMED);
     UNIT_CHECK_INT(((lmdb_store_t *) s1)->map_size, 4 << 20);
@@ -658,7 +686,7 @@ test_files_changed(void)
     ric_log->level = RIC_LOG_EMERG; /* the alert lines are the point, not the output */
     memset(&op, 0, sizeof(op));
     memset(key, 0x51, sizeof(key));
-    make_record(rec, RIC_IDEM_LOCKED, 6, 60000);
+    make_record(rec, sizeof(rec), RIC_IDEM_LOCKED, 6, 60000);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op), RIC_IDEM_CLAIMED);
     UNIT_CHECK(truncate(sc.path, 8192) == 0);
     UNIT_CHECK_INT(ric_idem_store_claim(s, key, rec, sizeof(rec), 60000, 0, &op), RIC_ERROR);
