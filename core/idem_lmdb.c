@@ -232,7 +232,7 @@ sweep(lmdb_store_t *s, int at_once)
     int rc, seen = 0, gone = 0;
     size_t summed = 0;
 
-    if (mdb_txn_begin(s->env, NULL, 0, &txn) != 0) {
+    if (txn_begin(s, &txn) != 0) { /* a resize taken, a changed file refused */
         return 0;
     }
     if (mdb_cursor_open(txn, s->dbi, &cur) != 0) {
