@@ -689,8 +689,9 @@ decide(ric_request_t *r, ric_idem_t *d)
     default:
         outcome(r, d, "not_replayable", RIC_IDEM_N_NOT_REPLAYABLE);
         return problem(r, 409, "idempotency-answer-not-stored", "Request already completed",
-                       "A request with this idempotency key completed, but its answer was too "
-                       "large to keep (idempotency_max_body), so it cannot be replayed.");
+                       "A request with this idempotency key completed, but its answer was not "
+                       "kept (larger than idempotency_max_body, cut off, or no room in the "
+                       "store), so it cannot be replayed.");
     }
 }
 
