@@ -498,6 +498,17 @@ budget_gate(ric_request_t *r, int64_t now)
     return RIC_OK;
 }
 
+/* The attempts ended while a dropped response was still arriving; the
+ * wait for it is over (it came, or not in time): they end now, once. */
+static void
+hold_over(ric_request_t *r)
+{
+    ric_attempts_t *a = r->attempts;
+
+    a->holding = 2;
+    attempts_end(r, NULL, a->hold_status, a->hold_why, NULL);
+}
+
 /* The wait is over: the next attempt, unless the budget stopped it. */
 static void
 next_attempt(ric_request_t *r)
@@ -521,9 +532,8 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
     (void) fd;
     (void) what;
     ric_request_async_end(r, &a->wait_async);
-    if (a->holding) {
-        /* the dropped response still arriving had its time */
-        attempts_end(r, NULL, a->hold_status, a->hold_why, NULL);
+    if (a->holding == 1) {
+        hold_over(r); /* the dropped response still arriving had its time */
         return;
     }
     if ((a->waiting || a->count == 0) && now >= r->deadline_ms) {
@@ -553,10 +563,10 @@ drain_over(ric_attempt_t *u, int whole)
     } else {
         attempt_free(u);
     }
-    if (a->holding) {
+    if (a->holding == 1) {
         /* the attempts had ended and only this read held their answer back */
         wait_stop(r);
-        attempts_end(r, NULL, a->hold_status, a->hold_why, NULL);
+        hold_over(r);
     }
 }
 

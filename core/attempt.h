@@ -46,7 +46,8 @@ typedef struct ric_attempts_s {
     struct event wait_timer;  /* the backoff before the next attempt */
     ric_async_t wait_async;   /* the wait, as the request's pending operation */
     int waiting;
-    int holding;              /* the attempts ended with draining still arriving: held for it */
+    int holding;              /* 1: the attempts ended with draining still arriving: held for
+                               * it; 2: held, and over */
     int hold_status;          /* ...and how they ended (attempts_end's status and why) */
     ric_retry_reason_t hold_why;
     int64_t wait_until_ms;
