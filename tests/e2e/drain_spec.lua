@@ -35,6 +35,11 @@ http {
             upstream_drain_max 1k;
             proxy_pass http://spec;
         }
+        # the first attempt, unanswered, gets its hedge at once
+        location /hedge/ {
+            retry_hedge 1ms;
+            proxy_pass http://spec;
+        }
     }
 }
 ]]
@@ -159,6 +164,29 @@ describe("a retried answer's body", function()
         return client, conns, a
     end
 
+    -- Later requests until one comes on c (the others, on new connections, answered and closed):
+    -- whether c went back to the pool.
+    local function reused(client, conns, c, prefix)
+        for i = 1, 20 do
+            assert(client:send(H.build_request(gw.port, { path = prefix .. i })))
+            local d = up:request(conns)
+            if d == c then
+                send(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nsame")
+            else
+                send(d, OK_CLOSE) -- the drain had not ended yet: a new connection, used once
+                d.sock:close()
+                d.closed = true
+            end
+            local r = assert(client:read_response())
+            assert.equal(200, r.status)
+            if d == c then
+                assert.equal("same", r.body)
+                return true
+            end
+        end
+        return false
+    end
+
     it("does not hold the retry, and its connection is reused once the body came", function()
         local client, conns, a = first_503_then_retry("/r1", 10)
         -- the upstream's record: the retry's request arrives while the first body is unsent and its
@@ -176,24 +204,42 @@ describe("a retried answer's body", function()
         b.closed = true
         -- the first body comes now: its connection goes back to the pool, and carries a later request
         send(a, "0123456789")
-        local reused
-        for i = 1, 20 do
-            assert(client:send(H.build_request(gw.port, { path = "/later" .. i })))
-            local c = up:request(conns)
-            if c == a then
-                send(a, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nsame")
-                reused = true
-            else
-                send(c, OK_CLOSE) -- the drain had not ended yet: a new connection, used once
-            end
-            local r = assert(client:read_response())
-            assert.equal(200, r.status)
-            if reused then
-                assert.equal("same", r.body)
-                break
-            end
-        end
-        assert.is_true(reused, "the drained connection never carried a later request")
+        assert.is_true(reused(client, conns, a, "/later"), "the drained connection never carried a later request")
+        client:close()
+    end)
+
+    it("lets a dropped answer that a later one replaces drain alone, and reuses its connection", function()
+        local client, conns, a = first_503_then_retry("/k1", 10)
+        local b = up:request(conns)
+        assert.are_not.equal(a, b)
+        -- a whole 503: the answer of last resort now, in place of the first
+        send(b, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno")
+        b.sock:close(); b.closed = true
+        local c = up:request(conns)
+        assert.is_falsy(a.closed, "the replaced answer's connection was closed")
+        send(c, OK_CLOSE)
+        assert.equal(200, assert(client:read_response()).status)
+        c.sock:close(); c.closed = true
+        send(a, "0123456789")
+        assert.is_true(reused(client, conns, a, "/k1/later"), "the replaced answer's connection was not reused")
+        client:close()
+    end)
+
+    it("lets a hedge's failed loser drain, and reuses its connection", function()
+        local client = assert(H.connect(gw.port))
+        assert(client:send(H.build_request(gw.port, { path = "/hedge/h" })))
+        local conns = {}
+        local a = up:request(conns)
+        local b = up:request(conns) -- the hedge: the first attempt has no answer
+        assert.are_not.equal(a, b)
+        send(a, head_503(10)) -- the first fails while its hedge is out
+        -- the hedge wins; its answer goes to the client while the first body is still held
+        send(b, OK_CLOSE)
+        assert.equal(200, assert(client:read_response()).status)
+        b.sock:close(); b.closed = true
+        assert.is_falsy(a.closed)
+        send(a, "0123456789")
+        assert.is_true(reused(client, conns, a, "/hedge/later"), "the hedge loser's connection was not reused")
         client:close()
     end)
 
