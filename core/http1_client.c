@@ -275,8 +275,11 @@ read_some(ric_http1_t *h, size_t n)
 /* A read that emptied the socket (it took less than it could) while the
  * response goes on: the upstream may be holding the rest until it hears
  * that this part arrived (an answer's head and body written apart, under
- * Nagle), so it hears at once. A response that came in one piece costs
- * no system call. */
+ * Nagle), so it hears at once. Asked where a response starts (its head)
+ * and where a body is read for the decision or dropped, not for each read
+ * of a body being relayed: a response that came in one piece costs no
+ * system call, and a large one at most one (a TLS record read is short of
+ * what was asked). */
 static void
 ack_partial(ric_http1_t *h, ssize_t n, size_t asked)
 {
@@ -622,7 +625,7 @@ ric_http1_consumed(ric_http1_t *h, size_t n)
 static void
 read_body(ric_http1_t *h)
 {
-    size_t from = h->buf_len, asked;
+    size_t from = h->buf_len;
     ssize_t n;
 
     if (h->pipe != NULL && !h->done) {
@@ -634,8 +637,7 @@ read_body(ric_http1_t *h)
         ric_http1_pause(h);
         return;
     }
-    asked = RIC_HTTP1_BUF_SIZE - h->buf_len;
-    n = read_some(h, asked);
+    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
     if (n == RIC_AGAIN) {
         return;
     }
@@ -657,9 +659,6 @@ read_body(ric_http1_t *h)
     if (scan_body(h, from) != RIC_OK) {
         h->handler->body_failed(h, 0, "upstream sent an invalid chunked body");
         return;
-    }
-    if (!h->done) {
-        ack_partial(h, n, asked);
     }
     h->handler->body(h);
 }
