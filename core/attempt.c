@@ -12,8 +12,6 @@
 #include <errno.h>
 #include <time.h>
 
-#define DRAIN_GRACE_MS 1000 /* a dropped response still arriving may hold the retry this long */
-
 static void attempt_start(ric_request_t *r);
 static void record_attempt(ric_request_t *r, ric_attempt_t *u, const char *class, ric_mclass_t mc,
                            int status);
@@ -312,6 +310,8 @@ attempt_new(ric_request_t *r, ric_buf_t *head)
     u->client.connect_timeout = s->proxy_connect_timeout;
     u->client.send_timeout = s->proxy_send_timeout;
     u->client.read_timeout = s->proxy_read_timeout;
+    u->client.drain_max = (uint64_t) s->upstream_drain_max;
+    u->client.drain_timeout = s->upstream_drain_timeout;
     evtimer_assign(&u->try_timer, r->c->base, on_try_timeout, u);
     return u;
 }
@@ -431,10 +431,7 @@ attempt_start(ric_request_t *r)
     ric_attempts_t *a = r->attempts;
     ric_attempt_t *u;
 
-    /* a dropped response still arriving missed its chance */
-    attempt_free(a->draining);
-    a->draining = NULL;
-    a->drain_extended = 0;
+    /* a dropped response still arriving goes on beside it (a->draining) */
     a->waiting = 0;
 
     u = attempt_new(r, &a->head);
@@ -457,8 +454,7 @@ attempt_start(ric_request_t *r)
 /* A retry is paid for when it is about to be sent, not when it is
  * decided: waiting costs the upstream nothing. A budget that cannot pay
  * may let it wait and ask again (never past the deadline), or refuse it:
- * then a->stop says why and the next attempt is not made (a dropped
- * response still arriving gets its grace first, as for any retry).
+ * then a->stop says why and the next attempt is not made.
  * RIC_OK: go on; RIC_AGAIN: waiting again. */
 static int
 budget_gate(ric_request_t *r, int64_t now)
@@ -502,6 +498,17 @@ budget_gate(ric_request_t *r, int64_t now)
     return RIC_OK;
 }
 
+/* The attempts ended while a dropped response was still arriving; the
+ * wait for it is over (it came, or not in time): they end now, once. */
+static void
+hold_over(ric_request_t *r)
+{
+    ric_attempts_t *a = r->attempts;
+
+    a->holding = 2;
+    attempts_end(r, NULL, a->hold_status, a->hold_why, NULL);
+}
+
 /* The wait is over: the next attempt, unless the budget stopped it. */
 static void
 next_attempt(ric_request_t *r)
@@ -520,11 +527,15 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
 {
     ric_request_t *r = arg;
     ric_attempts_t *a = r->attempts;
-    int64_t grace, now = ric_now_ms();
+    int64_t now = ric_now_ms();
 
     (void) fd;
     (void) what;
     ric_request_async_end(r, &a->wait_async);
+    if (a->holding == 1) {
+        hold_over(r); /* the dropped response still arriving had its time */
+        return;
+    }
     if ((a->waiting || a->count == 0) && now >= r->deadline_ms) {
         /* a client that allowed no time at all gets its 504 without
          * bothering the upstream */
@@ -534,20 +545,11 @@ on_wait_done(evutil_socket_t fd, short what, void *arg)
     if (budget_gate(r, now) != RIC_OK) {
         return;
     }
-    if (a->draining != NULL && !a->drain_extended) {
-        /* the dropped response is still arriving: give it a little longer,
-         * never more than half of what is left before the deadline */
-        grace = ric_min((int64_t) DRAIN_GRACE_MS, (r->deadline_ms - now) / 2);
-        if (grace > 0) {
-            a->drain_extended = 1;
-            wait_start(r, grace);
-            return;
-        }
-    }
     next_attempt(r);
 }
 
-/* A response dropped for a retry was read to its end (whole) or given up. */
+/* A response dropped for a retry was read to its end (whole: the answer
+ * of last resort now) or is not kept. */
 static void
 drain_over(ric_attempt_t *u, int whole)
 {
@@ -561,10 +563,10 @@ drain_over(ric_attempt_t *u, int whole)
     } else {
         attempt_free(u);
     }
-    if (a->drain_extended) {
-        /* the wait was over and only this read held the retry back */
+    if (a->holding == 1) {
+        /* the attempts had ended and only this read held their answer back */
         wait_stop(r);
-        next_attempt(r);
+        hold_over(r);
     }
 }
 
@@ -712,8 +714,20 @@ attempts_end(ric_request_t *r, ric_attempt_t *answer, int status, ric_retry_reas
     ric_attempt_t *kept = a->kept;
 
     ric_attempt_t *out[2] = { a->current, a->racing };
+    int64_t hold;
     int i;
 
+    /* no response to give, while the last one dropped is still arriving
+     * (its retry went without waiting for it): it may be the answer, held
+     * for within its drain's bound, and half of what the deadline leaves */
+    hold = ric_min(r->settings->upstream_drain_timeout, (r->deadline_ms - ric_now_ms()) / 2);
+    if (answer == NULL && status != 0 && a->draining != NULL && !a->holding && hold > 0) {
+        a->holding = 1;
+        a->hold_status = status;
+        a->hold_why = why;
+        wait_start(r, hold);
+        return;
+    }
     for (i = 0; i < 2; i++) {
         if (out[i] == NULL || out[i] == answer) {
             continue;
@@ -785,7 +799,8 @@ failure_status(unsigned class, int err, int tls_failed)
 }
 
 /* A response dropped for a retry (or for the other attempt of a pair):
- * kept whole as an answer of last resort, or drained meanwhile. */
+ * kept whole as an answer of last resort, or read on beside the next
+ * attempt (which never waits for it), or left to its connection's drain. */
 static void
 keep_dropped(ric_request_t *r, ric_attempt_t *u, unsigned class)
 {
@@ -793,7 +808,11 @@ keep_dropped(ric_request_t *r, ric_attempt_t *u, unsigned class)
     int rc = class == RIC_CLASS_STATUS ? ric_http1_drop(&u->client) : -1;
 
     if (rc == 1) {
-        attempt_free(a->kept); /* an answer of last resort, if no response follows */
+        /* an answer of last resort, if no response follows; an older one
+         * still arriving is not wanted now (its connection drains alone) */
+        attempt_free(a->kept);
+        attempt_free(a->draining);
+        a->draining = NULL;
         a->kept = u;
     } else if (rc == 0) {
         attempt_free(a->draining);

@@ -37,7 +37,7 @@ typedef struct ric_attempts_s {
     ric_attempt_t *current;   /* NULL while waiting */
     ric_attempt_t *racing;    /* the other attempt of a hedged pair, while both are out */
     ric_attempt_t *kept;      /* the last whole response dropped for a retry */
-    ric_attempt_t *draining;  /* a dropped response still arriving during the wait */
+    ric_attempt_t *draining;  /* a dropped response still arriving, beside the next attempt */
     ric_peer_t *prev_peer;    /* a retry prefers another server */
     ric_buf_t head;           /* the request head, rebuilt per attempt */
     ric_buf_t hedge_head;     /* the hedge's request head (the first's is still being sent) */
@@ -46,7 +46,10 @@ typedef struct ric_attempts_s {
     struct event wait_timer;  /* the backoff before the next attempt */
     ric_async_t wait_async;   /* the wait, as the request's pending operation */
     int waiting;
-    int drain_extended;       /* the wait ended; the drain got a grace period */
+    int holding;              /* 1: the attempts ended with draining still arriving: held for
+                               * it; 2: held, and over */
+    int hold_status;          /* ...and how they ended (attempts_end's status and why) */
+    ric_retry_reason_t hold_why;
     int64_t wait_until_ms;
     int64_t wait_us;
     ric_wait_regime_t regime; /* what chose the wait */

@@ -46,6 +46,8 @@ typedef struct {
     int64_t proxy_connect_timeout;
     int64_t proxy_send_timeout;
     int64_t proxy_read_timeout;
+    int64_t upstream_drain_max;         /* a dropped response's body read on, at most */
+    int64_t upstream_drain_timeout;     /* ...for at most this long */
     int64_t retry_attempts;
     int64_t retry_backoff_initial;
     int64_t retry_backoff_max;

@@ -1946,6 +1946,13 @@ const ric_conf_cmd_t ric_conf_commands[] = {
     { "proxy_read_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
       SETTINGS(proxy_read_timeout), "60s",
       "longest pause between two reads of the upstream's response" },
+    { "upstream_drain_max", SETTINGS_CTX, RIC_CONF_TAKE1, set_size,
+      SETTINGS(upstream_drain_max), "64k",
+      "a response dropped for a retry is read on, beside the retry, when its body is at most this; "
+      "0: its connection is closed" },
+    { "upstream_drain_timeout", SETTINGS_CTX, RIC_CONF_TAKE1, set_msec_positive,
+      SETTINGS(upstream_drain_timeout), "1s",
+      "the longest a dropped response's body is read for its connection to be reused" },
     { "access_log", SETTINGS_CTX, RIC_CONF_TAKE1 | RIC_CONF_TAKE2 | RIC_CONF_TAKE3 | RIC_CONF_REF,
       set_access_log, REFS(access_log), "off",
       "FILE | stdout | stderr | off [buffer=SIZE] [flush=TIME]: one JSON line per request" },

@@ -242,6 +242,24 @@ read_wait_write(ric_http1_t *h)
     }
 }
 
+/* Whether the response is in buf whole, as far as a look can tell (a
+ * chunked body: its last chunk ends the buffer). */
+static int
+all_here(const ric_http1_t *h)
+{
+    switch (h->resp.body) {
+    case RIC_BODY_NONE:
+        return 1;
+    case RIC_BODY_LENGTH:
+        return h->buf_len - h->resp.head_len >= h->resp.content_length;
+    case RIC_BODY_CHUNKED:
+        return h->buf_len >= h->resp.head_len + 5
+               && memcmp(h->buf + h->buf_len - 5, "0\r\n\r\n", 5) == 0;
+    default:
+        return 0;
+    }
+}
+
 /* Every read of the response into buf (n bytes at most). */
 static ssize_t
 read_some(ric_http1_t *h, size_t n)
@@ -252,6 +270,22 @@ read_some(ric_http1_t *h, size_t n)
         read_wait_write(h);
     }
     return r;
+}
+
+/* A read that emptied the socket (it took less than it could) while the
+ * response goes on: the upstream may be holding the rest until it hears
+ * that this part arrived (an answer's head and body written apart, under
+ * Nagle), so it hears at once. Asked where a response starts (its head)
+ * and where a body is read for the decision or dropped, not for each read
+ * of a body being relayed: a response that came in one piece costs no
+ * system call, and a large one at most one (a TLS record read is short of
+ * what was asked). */
+static void
+ack_partial(ric_http1_t *h, ssize_t n, size_t asked)
+{
+    if (n > 0 && (size_t) n < asked && h->uc != NULL) {
+        ric_io_quickack(&h->uc->io);
+    }
 }
 
 /* The write event while a read waited for it: reading goes on as it was
@@ -424,13 +458,15 @@ static void
 read_head(ric_http1_t *h)
 {
     ric_upconn_t *uc = h->uc;
+    size_t asked;
     ssize_t n;
     int rc;
 
     /* a head and a small body in one read; of a larger body, the rest is
      * left in the socket to be spliced (ric_http1_splice) */
-    n = read_some(h, h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io)
-                         ? HEAD_READ - h->buf_len : RIC_HTTP1_BUF_SIZE - h->buf_len);
+    asked = h->buf_len < HEAD_READ && ric_io_can_splice(&uc->io) ? HEAD_READ - h->buf_len
+                                                                : RIC_HTTP1_BUF_SIZE - h->buf_len;
+    n = read_some(h, asked);
     if (n == 0) {
         h->handler->failed(h, RIC_CLASS_RESET, 0,
                            "upstream closed the connection before a complete response head");
@@ -456,7 +492,9 @@ read_head(ric_http1_t *h)
             if (h->buf_len == RIC_HTTP1_BUF_SIZE) {
                 h->handler->failed(h, RIC_CLASS_BAD_RESPONSE, 0,
                                    "upstream sent too big a response head");
+                return;
             }
+            ack_partial(h, n, asked);
             return;
         }
         if (rc == RIC_ERROR) {
@@ -475,6 +513,9 @@ read_head(ric_http1_t *h)
             h->buf_len -= h->resp.head_len;
             ric_http_msg_init(&h->resp);
             continue;
+        }
+        if (!all_here(h)) {
+            ack_partial(h, n, asked);
         }
         if (h->state == RIC_HTTP1_SENDING) {
             /* a final answer before the whole request went up (413, 401...):
@@ -649,6 +690,120 @@ kept_whole(ric_http1_t *h)
     ric_http1_release(h);
 }
 
+/* --- a response nobody wants, drained off its connection ----------------- */
+
+/* The body bytes of a response read so far into buf (a chunked body's
+ * framing included). */
+static uint64_t
+drain_taken(const ric_http1_t *h)
+{
+    return h->buf_len > h->resp.head_len ? h->buf_len - h->resp.head_len : 0;
+}
+
+/* Whether the rest of the dropped response may be read off its
+ * connection: its framing says where it ends, and its body is within
+ * upstream_drain_max (a chunked one's bytes, framing included, so far). */
+static int
+drain_allowed(const ric_http1_t *h)
+{
+    if (h->uc == NULL || h->read_wants_write || h->pipe != NULL) {
+        return 0;
+    }
+    switch (h->resp.body) {
+    case RIC_BODY_LENGTH:
+        return h->resp.content_length <= h->drain_max;
+    case RIC_BODY_CHUNKED:
+        return drain_taken(h) <= h->drain_max;
+    default:
+        return 0; /* to the close: nothing to keep the connection for */
+    }
+}
+
+/* The read timer of a drain: what is left of upstream_drain_timeout. */
+static void
+drain_arm(ric_upconn_t *uc, int64_t until_ms)
+{
+    ric_upconn_read_timeout(uc, ric_max(until_ms - ric_now_ms(), (int64_t) 1));
+}
+
+static void on_drain_read(ric_upconn_t *uc, short what);
+
+/* The connection goes on draining without h (h->uc is NULL after), when
+ * it may carry another request once drained; else it is closed. */
+static void
+drain_alone(ric_http1_t *h)
+{
+    ric_upconn_t *uc = h->uc;
+    ric_upconn_drain_t *d = &uc->drain;
+    int may = h->reusable && h->resp.keep_alive && drain_allowed(h);
+
+    h->uc = NULL;
+    if (!may) {
+        ric_upconn_close(uc);
+        return;
+    }
+    d->chunked_body = h->resp.body == RIC_BODY_CHUNKED;
+    d->chunked = h->chunked;
+    d->left = d->chunked_body ? h->drain_max - drain_taken(h) : h->body_left;
+    d->until_ms = h->drain_until_ms;
+    event_del(&uc->wev);
+    ric_upconn_own(uc, uc, on_drain_read, NULL);
+    ric_upstream_drain_begin(uc);
+    drain_arm(uc, d->until_ms);
+}
+
+/* A connection draining alone: read and count what is left (into a
+ * scratch buffer: the bytes go nowhere), then back to the pool; closed
+ * when the response breaks, outgrows upstream_drain_max, or outlasts
+ * upstream_drain_timeout. */
+static void
+on_drain_read(ric_upconn_t *uc, short what)
+{
+    ric_upconn_drain_t *d = &uc->drain;
+    u_char scratch[4096];
+    const u_char *pos, *end, *data;
+    size_t dlen;
+    ssize_t n;
+    int rc;
+
+    if (what & EV_TIMEOUT) {
+        ric_upstream_drain_end(uc, 0);
+        return;
+    }
+    for (;;) {
+        n = ric_io_read(&uc->io, scratch, (size_t) ric_min(d->left, (uint64_t) sizeof(scratch)));
+        if (n == RIC_AGAIN && uc->io.want != RIC_IO_WANT_WRITE) {
+            drain_arm(uc, d->until_ms);
+            return;
+        }
+        if (n <= 0) {
+            ric_upstream_drain_end(uc, 0); /* closed, broken, or TLS that must write first */
+            return;
+        }
+        d->left -= (uint64_t) n;
+        if (!d->chunked_body) {
+            if (d->left == 0) {
+                ric_upstream_drain_end(uc, 1);
+                return;
+            }
+            continue;
+        }
+        pos = scratch;
+        end = scratch + n;
+        while ((rc = ric_http_chunked_next(&d->chunked, &pos, end, &data, &dlen)) == RIC_OK) {
+            /* the data goes nowhere */
+        }
+        if (rc == RIC_DONE) {
+            ric_upstream_drain_end(uc, pos == end); /* bytes past the end: never reused */
+            return;
+        }
+        if (rc == RIC_ERROR || d->left == 0) {
+            ric_upstream_drain_end(uc, 0);
+            return;
+        }
+    }
+}
+
 int
 ric_http1_drop(ric_http1_t *h)
 {
@@ -658,29 +813,38 @@ ric_http1_drop(ric_http1_t *h)
         kept_whole(h);
         return 1;
     }
-    if (rc == RIC_OK && h->resp.body != RIC_BODY_CLOSE && h->uc != NULL
-        && (h->resp.body == RIC_BODY_CHUNKED
-            || h->resp.head_len + h->resp.content_length <= RIC_HTTP1_BUF_SIZE)) {
-        /* small: go on reading it during the wait, to keep it */
+    if (rc != RIC_OK || !drain_allowed(h)) {
+        if (h->uc != NULL) {
+            ric_upconn_close(h->uc);
+            h->uc = NULL;
+        }
+        return -1;
+    }
+    h->drain_until_ms = ric_now_ms() + h->drain_timeout;
+    if (h->resp.body == RIC_BODY_CHUNKED
+        || h->resp.head_len + h->resp.content_length <= RIC_HTTP1_BUF_SIZE) {
+        /* small: read on into buf, to keep it as an answer of last resort */
         h->state = RIC_HTTP1_DRAIN;
+        drain_arm(h->uc, h->drain_until_ms);
         return 0;
     }
-    if (h->uc != NULL) {
-        ric_upconn_close(h->uc);
-        h->uc = NULL;
-    }
+    drain_alone(h);
     return -1;
 }
 
 static void
 read_drain(ric_http1_t *h)
 {
-    size_t from = h->buf_len;
+    size_t from = h->buf_len, asked = RIC_HTTP1_BUF_SIZE - h->buf_len;
     ssize_t n;
 
-    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, asked);
     if (n == RIC_AGAIN) {
-        return;
+        if (!h->read_wants_write) {
+            drain_arm(h->uc, h->drain_until_ms);
+            return;
+        }
+        n = RIC_ERROR; /* TLS that must write first: not worth it for a dropped answer */
     }
     if (n > 0) {
         h->buf_len += (size_t) n;
@@ -690,12 +854,18 @@ read_drain(ric_http1_t *h)
                 h->handler->drained(h, 1);
                 return;
             }
-            if (h->buf_len < RIC_HTTP1_BUF_SIZE) {
+            if (h->buf_len < RIC_HTTP1_BUF_SIZE && drain_allowed(h)) {
+                ack_partial(h, n, asked);
+                drain_arm(h->uc, h->drain_until_ms);
                 return;
             }
+            /* too big to keep (a chunked body): drained alone, if it may */
+            drain_alone(h);
+            h->handler->drained(h, 0);
+            return;
         }
     }
-    /* broken, closed, or too big to keep */
+    /* broken or closed */
     ric_upconn_close(h->uc);
     h->uc = NULL;
     h->handler->drained(h, 0);
@@ -738,10 +908,10 @@ ric_http1_peek(ric_http1_t *h, size_t max)
 static void
 read_peek(ric_http1_t *h)
 {
-    size_t from = h->buf_len;
+    size_t from = h->buf_len, asked = RIC_HTTP1_BUF_SIZE - h->buf_len;
     ssize_t n;
 
-    n = read_some(h, RIC_HTTP1_BUF_SIZE - h->buf_len);
+    n = read_some(h, asked);
     if (n == RIC_AGAIN) {
         return;
     }
@@ -765,6 +935,8 @@ read_peek(ric_http1_t *h)
         h->handler->peeked(h, 0);
     } else if (h->done) {
         h->handler->peeked(h, 1);
+    } else {
+        ack_partial(h, n, asked);
     }
 }
 
@@ -788,6 +960,14 @@ ric_http1_peeked_body(const ric_http1_t *h, ric_buf_t *out)
 void
 ric_http1_free(ric_http1_t *h)
 {
+    if (h->uc != NULL && h->state == RIC_HTTP1_PEEK) {
+        /* a peek's framing is the body's so far: it drains as a drop would */
+        h->drain_until_ms = ric_now_ms() + h->drain_timeout;
+        h->state = RIC_HTTP1_DRAIN;
+    }
+    if (h->uc != NULL && h->state == RIC_HTTP1_DRAIN) {
+        drain_alone(h); /* a dropped response nobody keeps now: its connection may be reused */
+    }
     ric_pipe_put(h->pipe);
     h->pipe = NULL;
     if (h->uc != NULL) {
@@ -806,7 +986,7 @@ on_read(ric_upconn_t *uc, short what)
     ric_http1_t *h = uc->owner;
 
     if (h->state == RIC_HTTP1_DRAIN) {
-        if (what & EV_TIMEOUT) {
+        if (what & EV_TIMEOUT) { /* upstream_drain_timeout */
             ric_upconn_close(h->uc);
             h->uc = NULL;
             h->handler->drained(h, 0);

@@ -18,7 +18,7 @@ typedef enum {
     RIC_HTTP1_SENDING,  /* the request is going up (an answer may already come) */
     RIC_HTTP1_HEAD,     /* waiting for the response head */
     RIC_HTTP1_BODY,     /* the body is being read for the caller to relay */
-    RIC_HTTP1_DRAIN,    /* reading the rest of a response the caller dropped */
+    RIC_HTTP1_DRAIN,    /* reading the rest of a response the caller dropped, to keep it */
     RIC_HTTP1_PEEK      /* reading a small body into buf before the caller decides */
 } ric_http1_state_t;
 
@@ -41,8 +41,8 @@ typedef struct {
     void (*body)(ric_http1_t *h);
     /* BODY: the upstream broke off or timed out */
     void (*body_failed)(ric_http1_t *h, int err, const char *what);
-    /* DRAIN: the dropped response arrived whole (1), or was given up (0,
-     * and the connection is closed) */
+    /* DRAIN: the dropped response arrived whole (1), or is not kept (0:
+     * its connection drains on alone, or is closed) */
     void (*drained)(ric_http1_t *h, int whole);
     /* PEEK: the body is in buf whole (1), or is larger than asked (0);
      * a body that breaks off comes as failed() */
@@ -58,6 +58,9 @@ struct ric_http1_s {
     ric_http1_state_t state;
     int reused; /* the connection came from the pool */
     int64_t connect_timeout, send_timeout, read_timeout; /* ms */
+    uint64_t drain_max;     /* a dropped response's body is read on when at most this is left */
+    int64_t drain_timeout;  /* ...for at most this long (ms) from its drop */
+    int64_t drain_until_ms; /* DRAIN: the moment drain_timeout ends */
     ric_http_method_t method; /* of the request: decides the response's framing */
 
     /* the request: a head, then a replayed body and/or a streamed upload */
@@ -137,17 +140,21 @@ void ric_http1_spliced(ric_http1_t *h);
 /* The caller cannot take more now (a slow client): stop reading. */
 void ric_http1_pause(ric_http1_t *h);
 
-/* The caller drops the response for a retry. Returns 1 when it is here
- * whole (the connection went back to the pool when it may), 0 when the
- * rest is being read in DRAIN (the drained callback tells), -1 when it
- * is not worth reading (the connection is closed). */
+/* The caller drops the response for a retry (the retry need not wait for
+ * it). Returns 1 when it is here whole (the connection went back to the
+ * pool when it may); 0 when the rest is read into buf in DRAIN, to keep it
+ * (the drained callback tells); -1 when it is not kept: its connection
+ * drains without h (what is left is at most drain_max, for at most
+ * drain_timeout, then it goes back to the pool) or is closed. */
 int ric_http1_drop(ric_http1_t *h);
 
 /* Puts the connection back in the pool when the response ended and the
  * upstream allows, else closes it. The buffer and head stay. */
 void ric_http1_release(ric_http1_t *h);
 
-/* Closes the connection (never pooled half-read) and frees the buffer. */
+/* Frees the buffer; the connection is closed (never pooled half-read),
+ * but for a dropped response's (DRAIN) or a peeked one's (PEEK), which
+ * drains without h when its bounds allow (as ric_http1_drop's -1). */
 void ric_http1_free(ric_http1_t *h);
 
 #endif /* RIC_HTTP1_CLIENT_H */

@@ -356,6 +356,14 @@ ric_io_nodelay(ric_io_t *io)
 }
 
 void
+ric_io_quickack(ric_io_t *io)
+{
+    int one = 1;
+
+    setsockopt(io->fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+}
+
+void
 ric_io_arm(ric_io_t *io, struct event *ev, const struct timeval *tv)
 {
     event_add(ev, tv); /* re-adding an added event only moves its timer: no epoll_ctl */

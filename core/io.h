@@ -177,6 +177,11 @@ int ric_io_connect_error(ric_io_t *io);
 /* Answers are written whole: Nagle must not hold back their tail. */
 void ric_io_nodelay(ric_io_t *io);
 
+/* Acknowledges what came at once, not after the delayed-ACK timer (~40 ms):
+ * a peer that wrote in two sends under Nagle waits for this ACK before it
+ * sends the second. The kernel forgets it (TCP_QUICKACK): asked each time. */
+void ric_io_quickack(ric_io_t *io);
+
 /* Closes the socket; io->fd is -1 afterwards. */
 void ric_io_close(ric_io_t *io);
 

@@ -148,6 +148,9 @@ ric_upstream_free_all(ric_upstream_t *ups, int n)
             idle_unlink(c);
             ric_upconn_close(c);
         }
+        while ((c = ric_list_first(&ups[i].draining, ric_upconn_t, idle_link)) != NULL) {
+            ric_upstream_drain_end(c, 0);
+        }
         for (j = 0; j < ups[i].npeers; j++) {
             ric_tls_session_free(ups[i].peers[j].tls_session);
         }
@@ -405,4 +408,22 @@ ric_upstream_pool_put(ric_upconn_t *c)
     u->nidle++;
     c->idle_since_ms = ric_now_ms();
     ric_upconn_read_timeout(c, u->conf->keepalive_timeout);
+}
+
+void
+ric_upstream_drain_begin(ric_upconn_t *c)
+{
+    ric_list_push_front(&c->upstream->draining, &c->idle_link);
+}
+
+void
+ric_upstream_drain_end(ric_upconn_t *c, int whole)
+{
+    ric_list_remove(&c->upstream->draining, &c->idle_link);
+    if (whole) {
+        c->requests++;
+        ric_upstream_pool_put(c);
+    } else {
+        ric_upconn_close(c);
+    }
 }

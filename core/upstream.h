@@ -5,6 +5,7 @@
 #include "ric_core.h"
 #include "budget.h"
 #include "conf.h"
+#include "http_parse.h"
 #include "io.h"
 #include "shm.h"
 
@@ -37,6 +38,17 @@ typedef struct {
 
 typedef void (*ric_upconn_handler_pt)(ric_upconn_t *uc, short what);
 
+/* What is left of a response nobody wants, read off a connection before it
+ * goes back to the pool (http1_client.c frames it; upstream_drain_max and
+ * upstream_drain_timeout bound it). */
+typedef struct {
+    ric_http_chunked_t chunked; /* a chunked body's framing so far */
+    int chunked_body;           /* 1: chunked; 0: a Content-Length body */
+    uint64_t left;              /* Content-Length: its bytes still to come;
+                                 * chunked: the bytes it may still take */
+    int64_t until_ms;           /* past it the connection is closed */
+} ric_upconn_drain_t;
+
 /* A connection to an upstream server. Its read event stays registered for
  * the connection's whole life, in use and idle alike, so handing it between
  * the pool and a request costs no system call. */
@@ -51,7 +63,8 @@ struct ric_upconn_s {
     ric_upconn_handler_pt on_write;
     int64_t requests; /* carried so far */
     int64_t idle_since_ms;
-    ric_link_t idle_link;      /* in the pool while idle */
+    ric_link_t idle_link;      /* in the pool while idle, or among those draining */
+    ric_upconn_drain_t drain;  /* while draining (owner is the connection itself) */
 };
 
 struct ric_upstream_s {
@@ -60,6 +73,7 @@ struct ric_upstream_s {
     int npeers;
     ric_list_t idle;    /* ric_upconn_t, most recently used first */
     int nidle;
+    ric_list_t draining; /* ric_upconn_t being drained, on their way to idle (or closed) */
     struct event_base *base;
     ric_budget_t budget; /* its rule and its state in the shared zone */
     struct ric_hedge_state_s *hedge; /* retry_hedge auto's p95 (hedge.h), in the shared zone */
@@ -124,6 +138,15 @@ void ric_upconn_want_write(ric_upconn_t *uc, int64_t ms);
 /* Returns uc to the pool (the response was read whole and the upstream
  * allows keep-alive), or closes it when the pool is full or keepalive 0. */
 void ric_upstream_pool_put(ric_upconn_t *uc);
+
+/* uc is being drained (its owner is now uc itself, its handler
+ * http1_client.c's): held here until ric_upstream_drain_end, so that the
+ * upstream's end closes it too. */
+void ric_upstream_drain_begin(ric_upconn_t *uc);
+
+/* The drain of uc ended: whole, it goes back to the pool (as
+ * ric_upstream_pool_put); else it is closed. */
+void ric_upstream_drain_end(ric_upconn_t *uc, int whole);
 
 /* Closes uc and frees it. */
 void ric_upconn_close(ric_upconn_t *uc);

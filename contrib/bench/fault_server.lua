@@ -19,6 +19,10 @@
 -- is sent after MS milliseconds with probability S, else after F; an answer waiting when its
 -- connection closes is never sent (and counted as dropped=N in the stats). 5% of answers taking
 -- 1 s, the rest 5 ms: slow=0.05&slow_ms=1000&fast_ms=5. Answers on one connection keep their order.
+-- Split answers: with split=1 (an arming parameter) every answer sent at once goes in two writes,
+-- its head and then its body, with TCP_NODELAY off on the connection: Nagle holds the body until
+-- the head is acknowledged, as Python's http.server and many application servers send. The
+-- proxy's delayed ACK then shows in every answer.
 local ffi = require("ffi")
 local bit = require("bit")
 local C = ffi.C
@@ -33,7 +37,7 @@ int listen(int fd, int backlog);
 int getsockname(int fd, void *addr, unsigned *len);
 int accept4(int fd, void *addr, void *len, int flags);
 long read(int fd, void *buf, size_t n);
-long write(int fd, const void *buf, size_t n);
+long send(int fd, const void *buf, size_t n, int flags);
 int close(int fd);
 int epoll_create1(int flags);
 int epoll_ctl(int epfd, int op, int fd, void *event);
@@ -53,6 +57,7 @@ local SOL_SOCKET, SO_REUSEADDR, IPPROTO_TCP, TCP_NODELAY = 1, 2, 6, 1
 local EPOLLIN, EPOLLOUT = 0x1, 0x4
 local EPOLL_CTL_ADD, EPOLL_CTL_DEL, EPOLL_CTL_MOD = 1, 2, 3
 local EAGAIN, EINTR = 11, 4
+local MSG_NOSIGNAL = 0x4000 -- a write to a connection the proxy closed is an error, not SIGPIPE
 local CLOCK_MONOTONIC = 1
 local MAX_HEAD = 16384
 
@@ -78,16 +83,23 @@ local function now()
     return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 
+local function head_of(status, reason, body)
+    return ("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n")
+        :format(status, reason, #body)
+end
 local function response(status, reason, body)
-    return ("HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s")
-        :format(status, reason, #body, body)
+    return head_of(status, reason, body) .. body
 end
 local OK = response(200, "OK", "ok\n")
 local UNAVAILABLE = response(503, "Service Unavailable", "unavailable\n")
+-- split=1: each answer's head, then its body
+local HEAD_OF = { [OK] = head_of(200, "OK", "ok\n"),
+    [UNAVAILABLE] = head_of(503, "Service Unavailable", "unavailable\n") }
 local BAD = response(400, "Bad Request", "bad request\n")
 
 -- the fault and the counters
 local p, from, to, armed = 0, 0, math.huge, now()
+local split = false
 local slow, slow_s, fast_s = 0, 1, 0
 local hits, oks, fails, accepted, dropped = 0, 0, 0, 0, 0
 math.randomseed(seed)
@@ -101,17 +113,19 @@ end
 local function control(target)
     local path, query = target:match("^([^?]*)%??(.*)$")
     if path == "/__fault/arm" then
-        local np, nfrom, nto, nslow, nslow_ms, nfast_ms = 0, 0, math.huge, 0, 1000, 0
+        local np, nfrom, nto, nslow, nslow_ms, nfast_ms, nsplit = 0, 0, math.huge, 0, 1000, 0, 0
         for k, v in query:gmatch("([^&=]+)=([^&]*)") do
             local n = tonumber(v)
             if not n then return response(400, "Bad Request", "bad value for " .. k .. "\n") end
             if k == "p" then np = n elseif k == "from" then nfrom = n elseif k == "to" then nto = n
             elseif k == "slow" then nslow = n elseif k == "slow_ms" then nslow_ms = n
             elseif k == "fast_ms" then nfast_ms = n
+            elseif k == "split" then nsplit = n
             else return response(400, "Bad Request", "unknown parameter " .. k .. "\n") end
         end
         p, from, to = np, nfrom, nto
         slow, slow_s, fast_s = nslow, nslow_ms / 1000, nfast_ms / 1000
+        split = nsplit ~= 0
         hits, oks, fails, accepted, dropped = 0, 0, 0, 0, 0
         armed = now()
         return response(200, "OK", stats())
@@ -179,7 +193,7 @@ end
 local function flush(fd, c)
     local out = c.out
     while #out > 0 do
-        local n = C.write(fd, out, #out)
+        local n = C.send(fd, out, #out, MSG_NOSIGNAL)
         if n < 0 then
             local e = ffi.errno()
             if e == EAGAIN then
@@ -232,6 +246,12 @@ local function serve(c)
                 c.later[#c.later + 1] = { due = now() + (delay or 0), data = table.concat(replies) .. reply }
                 replies = {}
                 waiting[c.fd] = true
+            elseif split then
+                -- two writes: the head, then the body (the loop below writes each piece alone)
+                local h = HEAD_OF[reply]
+                replies[#replies + 1] = h
+                replies[#replies + 1] = reply:sub(#h + 1)
+                c.pieces = true
             else
                 replies[#replies + 1] = reply
             end
@@ -242,8 +262,21 @@ local function serve(c)
         end
     end
     c.buf = buf
+    if c.pieces then
+        c.pieces = nil
+        return replies
+    end
     if #replies == 0 then return "" end
     return #replies == 1 and replies[1] or table.concat(replies)
+end
+
+-- TCP_NODELAY as split wants it on c: off while answers are split (Nagle's hold is the point)
+local function nodelay(c)
+    if c.nagle ~= split then
+        c.nagle = split
+        local v = ffi.new("int[1]", split and 0 or 1)
+        C.setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, v, 4)
+    end
 end
 
 local rbuf_size = 65536
@@ -288,7 +321,7 @@ while true do
                 if cfd < 0 then break end
                 accepted = accepted + 1
                 C.setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, one, 4)
-                conns[cfd] = { fd = cfd, buf = "", out = "", closing = false, waiting = false }
+                conns[cfd] = { fd = cfd, buf = "", out = "", closing = false, waiting = false, nagle = false }
                 ctl(EPOLL_CTL_ADD, cfd, EPOLLIN)
             end
         else
@@ -301,8 +334,19 @@ while true do
                     local got = C.read(fd, rbuf, rbuf_size)
                     if got > 0 then
                         c.buf = c.buf .. ffi.string(rbuf, got)
-                        c.out = c.out .. serve(c)
-                        if not flush(fd, c) and not c.later then drop(fd) end
+                        nodelay(c)
+                        local out = serve(c)
+                        if type(out) == "table" then
+                            local ok = true
+                            for _, piece in ipairs(out) do -- each piece its own write
+                                c.out = c.out .. piece
+                                ok = flush(fd, c)
+                            end
+                            if not ok and not c.later then drop(fd) end
+                        else
+                            c.out = c.out .. out
+                            if not flush(fd, c) and not c.later then drop(fd) end
+                        end
                     elseif got == 0 or (ffi.errno() ~= EAGAIN and ffi.errno() ~= EINTR) then
                         drop(fd)
                     end

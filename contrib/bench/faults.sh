@@ -1,10 +1,12 @@
 #!/bin/sh
 # faults.sh: the retry benchmark. Three reverse proxies, one worker each, all
 # making at most 4 attempts per request (3 retries), in front of the same
-# fault-injecting upstream (contrib/bench/fault_server.lua), through five
-# scenarios: no faults (the sanity baseline), 30% random 503s, a brownout
-# (every answer 503 from 1.25 s to 2.75 s of a 4 s run), a full outage, and
-# slow answers (5% of answers take 1 s, the rest 5 ms: hedging's case).
+# fault-injecting upstream (contrib/bench/fault_server.lua), through six
+# scenarios: no faults (the sanity baseline), 30% random 503s, the same from an
+# upstream that writes each answer's head and body in two sends (split: Nagle
+# on, as Python's http.server), a brownout (every answer 503 from 1.25 s to
+# 2.75 s of a 4 s run), a full outage, and slow answers (5% of answers take
+# 1 s, the rest 5 ms: hedging's case).
 # Each proxy gets two runs per scenario: closed loop (wrk: a fixed number of
 # connections, each sending its next request when the last is answered) and
 # open loop (build/openloop, contrib/bench/openloop.c: a fixed arrival rate,
@@ -21,8 +23,8 @@
 # a summary over rounds), FAULTS_RATE (failure probability of the random
 # scenario, 0.3), FAULTS_BROWNOUT ("1.25 2.75": from and to, seconds into the
 # run), FAULTS_SLOW ("0.05 1000 5": the share of slow answers, their time and
-# the others' time in ms), FAULTS_SCENARIOS ("baseline random brownout outage
-# slow"), FAULTS_PROXIES ("nginx haproxy ricochet ricochet-short
+# the others' time in ms), FAULTS_SCENARIOS ("baseline random split brownout
+# outage slow"), FAULTS_PROXIES ("nginx haproxy ricochet ricochet-short
 # ricochet-ratio ricochet-hedge"),
 # FAULTS_SHORT_BACKOFF (the retry_backoff of ricochet-short, "10ms 100ms"),
 # FAULTS_RATIO_BUDGET (the retry_budget of ricochet-ratio, "20% min=10/s"),
@@ -46,7 +48,7 @@ ROUNDS=${FAULTS_ROUNDS:-1}
 RATE=${FAULTS_RATE:-0.3}
 BROWNOUT=${FAULTS_BROWNOUT:-1.25 2.75}
 SLOW=${FAULTS_SLOW:-0.05 1000 5}
-SCENARIOS=${FAULTS_SCENARIOS:-baseline random brownout outage slow}
+SCENARIOS=${FAULTS_SCENARIOS:-baseline random split brownout outage slow}
 PROXIES=${FAULTS_PROXIES:-nginx haproxy ricochet ricochet-short ricochet-ratio ricochet-hedge}
 SHORT_BACKOFF=${FAULTS_SHORT_BACKOFF:-10ms 100ms}
 RATIO_BUDGET=${FAULTS_RATIO_BUDGET:-20% min=10/s}
@@ -72,7 +74,7 @@ set -- $SLOW
 [ $# -eq 3 ] || die "FAULTS_SLOW wants three numbers: the share of slow answers, their ms, the others' ms"
 slow_share=$1 slow_ms=$2 fast_ms=$3
 for s in $SCENARIOS; do
-    case "$s" in baseline | random | brownout | outage | slow) ;; *) die "unknown scenario $s" ;; esac
+    case "$s" in baseline | random | split | brownout | outage | slow) ;; *) die "unknown scenario $s" ;; esac
 done
 for p in $PROXIES; do
     case "$p" in
@@ -89,6 +91,7 @@ fault_of() {
     case "$1" in
     baseline) echo "p=0" ;;
     random) echo "p=$RATE" ;;
+    split) echo "p=$RATE&split=1" ;;
     brownout) echo "p=1&from=$brown_from&to=$brown_to" ;;
     outage) echo "p=1" ;;
     slow) echo "p=0&slow=$slow_share&slow_ms=$slow_ms&fast_ms=$fast_ms" ;;
@@ -327,7 +330,8 @@ echo "  haproxy: retries $((ATTEMPTS - 1)); retry-on 503 conn-failure empty-resp
 echo "  ricochet: retry_attempts $ATTEMPTS; the rest this build's defaults (retry_backoff $(default_of retry_backoff), retry_timeout $(default_of retry_timeout), retry_budget $(default_of retry_budget))"
 echo "  ricochet-short: the same with retry_backoff $SHORT_BACKOFF; ricochet-ratio: the same with retry_budget $RATIO_BUDGET"
 echo "  ricochet-hedge: the same with retry_hedge $HEDGE (nginx and HAProxy have no hedging)"
-echo "scenarios: baseline (no faults), random ($RATE of upstream answers 503), brownout (all 503 from ${brown_from}s to ${brown_to}s), outage (all 503),"
+echo "scenarios: baseline (no faults), random ($RATE of upstream answers 503), split (random, each answer's head and body in two sends, Nagle on),"
+echo "  brownout (all 503 from ${brown_from}s to ${brown_to}s), outage (all 503),"
 echo "  slow ($slow_share of answers take ${slow_ms} ms, the rest ${fast_ms} ms; all 200)"
 echo "each run: fresh proxy, freshly armed fault; $(nproc 2>/dev/null || echo '?') CPUs shared by the load generator, proxy and upstream"
 echo "  closed loop: wrk -t$THREADS -c$CONNS -d${DURATION}s --timeout ${TIMEOUT}s --latency (each connection sends when its last answer is in)"

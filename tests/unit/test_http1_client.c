@@ -1,4 +1,4 @@
-/* test_http1_client.c: the upstream HTTP/1 client on a real loopback connection: a read that must write first (as OpenSSL's, when an upstream's KeyUpdate must be answered into a full send buffer) waits for writability, not in a loop, and the response is read once the socket takes bytes. */
+/* test_http1_client.c: the upstream HTTP/1 client on a real loopback connection: a read that must write first (as OpenSSL's, when an upstream's KeyUpdate must be answered into a full send buffer) waits for writability, not in a loop, and the response is read once the socket takes bytes; a dropped response drains off its connection alone, within its bounds, back to the pool or closed. */
 #include "../../core/http1_client.c"
 #include "unit.h"
 
@@ -94,6 +94,56 @@ turns(int n)
     }
 }
 
+/* A request on a new connection (accepted into *up) and the answer's head
+ * given back: the client has it (heads counted one more). */
+static void
+exchange_head(ric_http1_t *h, ric_upstream_t *u, int lfd, const char *head, int *up)
+{
+    static const char req[] = "GET /d HTTP/1.1\r\nHost: t\r\n\r\n";
+    char junk[512];
+    int i, was = heads, sent_before = sent;
+
+    ric_http1_init(h, &handler, NULL, u, RIC_HTTP_GET);
+    h->connect_timeout = h->send_timeout = h->read_timeout = 60000;
+    h->drain_max = 64 * 1024;
+    h->drain_timeout = 60000;
+    UNIT_CHECK_INT(ric_http1_start(h, &u->peers[0], 0, (const u_char *) req, sizeof(req) - 1,
+                                   NULL, NULL), RIC_OK);
+    *up = -1;
+    for (i = 0; i < 200 && (*up < 0 || sent == sent_before); i++) {
+        if (*up < 0) {
+            *up = accept(lfd, NULL, NULL);
+        }
+        turns(1);
+    }
+    UNIT_CHECK(*up >= 0 && read(*up, junk, sizeof(junk)) == (ssize_t) sizeof(req) - 1);
+    UNIT_CHECK(write(*up, head, strlen(head)) == (ssize_t) strlen(head));
+    for (i = 0; i < 2000 && heads == was; i++) {
+        turns(1);
+        usleep(100);
+    }
+    UNIT_CHECK_INT(heads, was + 1);
+}
+
+/* Whether the upstream's side of a connection sees it closed, within a
+ * bounded wait (the spec's bound: far above any drain's). */
+static int
+closed_by_client(int up)
+{
+    char c;
+    int i;
+
+    fcntl(up, F_SETFL, O_NONBLOCK);
+    for (i = 0; i < 20000; i++) {
+        if (read(up, &c, 1) == 0) {
+            return 1;
+        }
+        turns(1);
+        usleep(100);
+    }
+    return 0;
+}
+
 int
 main(void)
 {
@@ -183,6 +233,84 @@ main(void)
     UNIT_CHECK_INT(failures, 0);
 
     ric_http1_free(&h);
+    close(up);
+
+    UNIT_CASE("a dropped response nobody keeps drains alone; its connection goes back to the pool");
+    {
+        static char body[40000];
+        size_t off = 0;
+
+        exchange_head(&h, &ups[0], lfd, "HTTP/1.1 503 No\r\nContent-Length: 40000\r\n\r\n", &up);
+        UNIT_CHECK_INT(ric_http1_drop(&h), -1); /* larger than the buffer: not kept */
+        UNIT_CHECK(h.uc == NULL);
+        ric_http1_free(&h);
+        UNIT_CHECK(ups[0].draining.head != NULL);
+        UNIT_CHECK_INT(ups[0].nidle, 0);
+        memset(body, 'b', sizeof(body));
+        fcntl(up, F_SETFL, O_NONBLOCK);
+        for (i = 0; i < 20000 && ups[0].nidle == 0; i++) {
+            if (off < sizeof(body) && (n = write(up, body + off, sizeof(body) - off)) > 0) {
+                off += (size_t) n;
+            }
+            turns(1);
+        }
+        UNIT_CHECK_INT(ups[0].nidle, 1);
+        UNIT_CHECK(ups[0].draining.head == NULL);
+        close(up); /* the pooled connection sees it and goes */
+        for (i = 0; i < 200 && ups[0].nidle > 0; i++) {
+            turns(1);
+            usleep(100);
+        }
+        UNIT_CHECK_INT(ups[0].nidle, 0);
+    }
+
+    UNIT_CASE("...a body larger than upstream_drain_max: the connection is closed at once");
+    exchange_head(&h, &ups[0], lfd, "HTTP/1.1 503 No\r\nContent-Length: 5000\r\n\r\n", &up);
+    h.drain_max = 1024;
+    UNIT_CHECK_INT(ric_http1_drop(&h), -1);
+    UNIT_CHECK(h.uc == NULL && ups[0].draining.head == NULL);
+    ric_http1_free(&h);
+    UNIT_CHECK(closed_by_client(up));
+    close(up);
+
+    UNIT_CASE("...a body that does not come within upstream_drain_timeout: closed");
+    exchange_head(&h, &ups[0], lfd, "HTTP/1.1 503 No\r\nContent-Length: 10\r\n\r\n", &up);
+    h.drain_timeout = 1;
+    UNIT_CHECK_INT(ric_http1_drop(&h), 0); /* small: read on into the buffer, to keep it */
+    UNIT_CHECK_INT(h.state, RIC_HTTP1_DRAIN);
+    ric_http1_free(&h); /* nobody keeps it now: it drains alone */
+    UNIT_CHECK(ups[0].draining.head != NULL);
+    UNIT_CHECK(closed_by_client(up));
+    UNIT_CHECK(ups[0].draining.head == NULL);
+    UNIT_CHECK_INT(ups[0].nidle, 0);
+    close(up);
+
+    UNIT_CASE("...a chunked one drains to its last chunk, then back to the pool");
+    exchange_head(&h, &ups[0], lfd, "HTTP/1.1 503 No\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", &up);
+    UNIT_CHECK_INT(ric_http1_drop(&h), 0);
+    ric_http1_free(&h);
+    UNIT_CHECK(write(up, "lo\r\n0\r\n\r\n", 9) == 9);
+    for (i = 0; i < 2000 && ups[0].nidle == 0; i++) {
+        turns(1);
+        usleep(100);
+    }
+    UNIT_CHECK_INT(ups[0].nidle, 1);
+    UNIT_CHECK(ups[0].draining.head == NULL);
+    close(up); /* the pooled connection sees it and goes */
+    for (i = 0; i < 200 && ups[0].nidle > 0; i++) {
+        turns(1);
+        usleep(100);
+    }
+    UNIT_CHECK_INT(ups[0].nidle, 0);
+
+    UNIT_CASE("...and one still draining when the upstream goes is closed with it");
+    exchange_head(&h, &ups[0], lfd, "HTTP/1.1 503 No\r\nContent-Length: 10\r\n\r\n", &up);
+    UNIT_CHECK_INT(ric_http1_drop(&h), 0);
+    ric_http1_free(&h);
+    UNIT_CHECK(ups[0].draining.head != NULL);
+
+    ric_upstream_free_all(ups, conf->http->nupstreams);
+    UNIT_CHECK(closed_by_client(up));
     close(up);
     close(lfd);
     ric_conf_free(conf);
