@@ -10,25 +10,34 @@
 #define COALESCE_MAX (16 * 1024) /* one full TLS record of joined pieces */
 
 /* What an SSL call's failure means for the layer: RIC_AGAIN with what to
- * wait for, 0 for the end of the stream, RIC_ERROR with errno. */
+ * wait for, 0 for the end of the stream (a read's only), RIC_ERROR with
+ * errno. */
 static ssize_t
-failure(ric_io_t *io, int rc)
+failure(ric_io_t *io, int rc, int reading)
 {
     int e = SSL_get_error(io->tls, rc);
 
+    /* nothing read ahead is kicked until a read succeeds: after a read
+     * wanted more, what OpenSSL holds is a record in part; while it must
+     * write first (a TLS 1.3 KeyUpdate's answer into a full send buffer),
+     * each kick would fail the same way; after an end or an error, no
+     * read will ever return it. Each case is a loop that never gives the
+     * event loop back */
+    io->dry = 1;
     switch (e) {
     case SSL_ERROR_WANT_READ:
     case SSL_ERROR_WANT_WRITE:
         io->want = e == SSL_ERROR_WANT_READ ? RIC_IO_WANT_READ : RIC_IO_WANT_WRITE;
-        /* nothing read ahead is kicked until a read succeeds: after a
-         * read wanted more, what OpenSSL holds is a record in part; while
-         * it must write first (a TLS 1.3 KeyUpdate's answer into a full
-         * send buffer), each kick would fail the same way, in a loop that
-         * never gives the event loop back */
-        io->dry = 1;
         return RIC_AGAIN;
     case SSL_ERROR_ZERO_RETURN:
-        return 0; /* close_notify, or (SSL_OP_IGNORE_UNEXPECTED_EOF) a bare close */
+        if (reading) {
+            return 0; /* close_notify, or (SSL_OP_IGNORE_UNEXPECTED_EOF) a bare close */
+        }
+        /* a write after the peer's end was read: OpenSSL says "the end"
+         * whatever the socket said, but a write of 0 bytes would be
+         * tried again for ever */
+        errno = EPIPE;
+        return RIC_ERROR;
     case SSL_ERROR_SYSCALL:
         if (errno == 0) {
             errno = ECONNRESET;
@@ -64,7 +73,7 @@ tls_read(ric_io_t *io, void *buf, size_t n)
         io->dry = 0;
         return (ssize_t) got;
     }
-    return failure(io, rc);
+    return failure(io, rc, 1);
 }
 
 static ssize_t
@@ -76,7 +85,7 @@ tls_write(ric_io_t *io, const void *buf, size_t n)
     clear_errors();
     errno = 0;
     rc = SSL_write_ex(io->tls, buf, n, &put);
-    return rc == 1 ? (ssize_t) put : failure(io, rc);
+    return rc == 1 ? (ssize_t) put : failure(io, rc, 0);
 }
 
 /* TLS has no writev: the first record is filled from the pieces in turn
@@ -319,7 +328,7 @@ ric_tls_handshake(ric_io_t *io, char *err, size_t errlen)
         io->dry = 0;
         return RIC_OK;
     }
-    r = failure(io, rc);
+    r = failure(io, rc, 1);
     if (r == RIC_AGAIN) {
         return RIC_AGAIN;
     }

@@ -186,7 +186,25 @@ test_exchange(void)
     UNIT_CHECK_INT(handshake(&c2, &s2, err, sizeof(err)), RIC_OK);
     UNIT_CHECK(ric_tls_resumed(&c2));
     SSL_SESSION_free(session);
-    ric_io_close(&c2);
+
+    UNIT_CASE("after the peer's end is read, a write to it is an error, never 0; nothing is pending");
+    /* OpenSSL calls a failed write after a received end "the end" too:
+     * a writer that took that 0 as "nothing written yet" tried forever */
+    for (i = 0, r = RIC_AGAIN; i < 100 && r == RIC_AGAIN; i++) {
+        r = ric_io_read(&c2, buf, sizeof(buf)); /* the session tickets, taken in */
+    }
+    UNIT_CHECK_INT(r, RIC_AGAIN);
+    UNIT_CHECK_INT(ric_io_write(&c2, "POST", 4), 4);
+    ric_io_close(&c2); /* its close_notify, then the socket closed */
+    for (i = 0, r = RIC_AGAIN; i < 100 && r == RIC_AGAIN; i++) {
+        r = ric_io_read(&s2, buf, sizeof(buf));
+    }
+    UNIT_CHECK_INT(r, 4);
+    UNIT_CHECK_INT(ric_io_read(&s2, buf, sizeof(buf)), 0);
+    UNIT_CHECK(!ric_io_pending(&s2));
+    errno = 0;
+    UNIT_CHECK_INT(ric_io_write(&s2, "HTTP/1.1 201", 12), RIC_ERROR);
+    UNIT_CHECK(errno == EPIPE || errno == ECONNRESET);
     ric_io_close(&s2);
     SSL_CTX_free(sctx);
     SSL_CTX_free(cctx);
