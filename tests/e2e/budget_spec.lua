@@ -187,14 +187,19 @@ describe("passive health, shared by two workers", function()
         assert.equal(1, bad:stats().hits)
         assert.truthy(H.wait_until(function() return gw:log():find("marked down", 1, true) end, 10), ctx(gw))
         -- now many requests on fresh connections, taken by both workers: none reaches the bad server
-        local n = 40
-        local resps, err = burst(gw.port, paths("/after/", n), 4)
-        for i = 1, n do
-            assert.truthy(resps[i], ctx(gw, err))
-            assert.equal(200, resps[i].status)
+        -- (a busy machine may let one worker take a whole burst: bursts go on, a bounded number, until
+        -- both have taken requests)
+        local n, per, pids = 40, nil, 0
+        for round = 1, 10 do
+            local resps, err = burst(gw.port, paths("/after/" .. round .. "/", n), 4)
+            for i = 1, n do
+                assert.truthy(resps[i], ctx(gw, err))
+                assert.equal(200, resps[i].status)
+            end
+            assert.truthy(logged(gw, "/after/", n * round), ctx(gw, "access log incomplete"))
+            per, pids = by_worker(gw, "/after/")
+            if pids == 2 then break end
         end
-        assert.truthy(logged(gw, "/after/", n), ctx(gw, "access log incomplete"))
-        local per, pids = by_worker(gw, "/after/")
         assert.equal(2, pids, "all requests went to one worker: " .. json.encode(per))
         assert.equal(1, bad:stats().hits, "a worker that did not see the failure still sent to the bad server")
         for _, e in ipairs(access_entries(gw)) do

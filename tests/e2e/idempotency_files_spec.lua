@@ -149,7 +149,7 @@ describe("the LMDB store's files at run time", function()
         local answer = H.text_body(30000, 7)
         -- the small one replays the big one's keys, and runs new ones
         for _, i in ipairs({ 1, 30, 60 }) do
-            local r = assert(I.post(small.port, "/fill/" .. i, big_keys[i]))
+            local r = assert(I.repeat_post(small.port, "/fill/" .. i, big_keys[i])) -- its settle may trail its answer
             assert.equal(201, r.status, ctx(small, r.body:sub(1, 300)))
             assert.equal("true", r.headers["idempotent-replayed"], ctx(small))
             assert.equal(answer, r.body)
@@ -162,7 +162,7 @@ describe("the LMDB store's files at run time", function()
         -- a third, small again, started after the file grew: the big one keeps writing past 1m
         local late = start({ size = "1m" })
         local more = fill(big.port, "more", 10, 30000)
-        local r = assert(I.post(late.port, "/fill/10", more[10]))
+        local r = assert(I.repeat_post(late.port, "/fill/10", more[10]))
         assert.equal("true", r.headers["idempotent-replayed"], ctx(late, r.body))
         for _, key in ipairs(big_keys) do assert.equal(1, runs(up, key)) end
         for _, key in ipairs(small_keys) do assert.equal(1, runs(up, key)) end
