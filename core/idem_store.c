@@ -12,25 +12,27 @@
 #include <unistd.h>
 
 int64_t ric_idem_wall_skew_ms;
+int64_t ric_idem_boot_skew_ms;
+
+static int64_t
+clock_ms(clockid_t id, int64_t skew)
+{
+    struct timespec ts;
+
+    clock_gettime(id, &ts);
+    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + skew;
+}
 
 int64_t
 ric_idem_wall_ms(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + ric_idem_wall_skew_ms;
+    return clock_ms(CLOCK_REALTIME, ric_idem_wall_skew_ms);
 }
-
-int64_t ric_idem_boot_skew_ms;
 
 int64_t
 ric_idem_boot_ms(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_BOOTTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + ric_idem_boot_skew_ms;
+    return clock_ms(CLOCK_BOOTTIME, ric_idem_boot_skew_ms);
 }
 
 int
